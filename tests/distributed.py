@@ -1,0 +1,46 @@
+"""Run a function in N real gloo processes on 127.0.0.1 (no mocks) and collect what each rank returns."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        results[rank] = ("ok", fn(rank, world_size, *args))
+    except BaseException:  # reported to the parent, which raises
+        results[rank] = ("error", traceback.format_exc())
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run_gloo(fn: Callable, world_size: int, *args: Any) -> list[Any]:
+    """``fn(rank, world_size, *args)`` in ``world_size`` spawned processes; returns the per-rank results.
+
+    ``fn`` must be a module-level function; its return value must be picklable (tensors are fine).
+    """
+    port = _free_port()
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_worker, args=(world_size, port, fn, args, results), nprocs=world_size, join=True)
+        ordered = [results[rank] for rank in range(world_size)]
+    errors = [payload for status, payload in ordered if status == "error"]
+    if errors:
+        raise AssertionError("a gloo rank failed:\n" + "\n".join(errors))
+    return [payload for _, payload in ordered]

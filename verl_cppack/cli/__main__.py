@@ -1,0 +1,5 @@
+import sys
+
+from verl_cppack.cli import main
+
+sys.exit(main())

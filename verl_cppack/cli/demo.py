@@ -1,0 +1,49 @@
+"""``verl-cppack demo``: the worked example of DESIGN §5, packed and cut for every CP rank."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from verl_cppack.context import ParallelContext
+from verl_cppack.packing.plan import plan_from_lengths
+
+# Documents of the worked example: row0 = [a b c E d e E _] -> "abcE", "deE"; row1 = [f g h i j E _ _] -> "fghijE".
+WORKED_EXAMPLE_DOCUMENTS = (("a", "b", "c", "E"), ("d", "e", "E"), ("f", "g", "h", "i", "j", "E"))
+
+
+def describe(cp_size: int, layout: str, tp_size: int = 1) -> list[str]:
+    lengths = [len(doc) for doc in WORKED_EXAMPLE_DOCUMENTS]
+    tokens = [token for doc in WORKED_EXAMPLE_DOCUMENTS for token in doc]
+    lines = []
+    for rank in range(cp_size):
+        plan = plan_from_lengths(lengths, ParallelContext(tp_size=tp_size, cp_size=cp_size, cp_rank=rank), layout=layout)
+        if rank == 0:
+            stream = ["P"] * plan.total_length
+            for position, source in enumerate(plan.stream_source.tolist()):
+                if source >= 0:
+                    stream[position] = tokens[source]
+            lines.append(f"layout={layout} cp={cp_size} tp={tp_size}")
+            lines.append(f"  cu_seqlens        = {plan.cu_seqlens.tolist()}")
+            lines.append(f"  cu_seqlens_padded = {plan.cu_seqlens_padded.tolist()}  max_seqlen_padded = {plan.max_seqlen_padded}")
+            lines.append(f"  packed stream     = {' '.join(stream)}")
+        local_tokens = [tokens[s] if v else "P" for s, v in zip(plan.local_source.tolist(), plan.local_valid_mask.tolist())]
+        lines.append(
+            f"  rank {rank}: index {plan.local_index.tolist()} -> {' '.join(local_tokens)} "
+            f"({int(plan.local_valid_mask.sum())} valid)"
+        )
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    for cp_size, layout in ((1, "zigzag"), (args.cp, "zigzag"), (args.cp, "contiguous")):
+        print("\n".join(describe(cp_size, layout, args.tp)))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("demo", help="print the worked example's packed layout per CP rank")
+    parser.add_argument("--cp", type=int, default=2, help="context-parallel size (default 2)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    parser.set_defaults(func=run)

@@ -1,0 +1,67 @@
+"""All-gather of every CP rank's local stream, with the gather-back gradient contracts of DESIGN §2."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from verl_cppack.context import ParallelContext
+
+GradientContract = Literal["local", "sum"]
+
+
+def _check_group(ctx: ParallelContext) -> None:
+    if ctx.cp_group is None:
+        raise ValueError(
+            f"cp_size={ctx.cp_size} needs ctx.cp_group to all-gather over; build the context with "
+            "ParallelContext.from_megatron() or pass cp_group (e.g. torch.distributed.group.WORLD)"
+        )
+    if not dist.is_initialized():
+        raise ValueError("cp_size > 1 needs an initialised torch.distributed process group")
+    group_size = dist.get_world_size(ctx.cp_group)
+    group_rank = dist.get_rank(ctx.cp_group)
+    if group_size != ctx.cp_size or group_rank != ctx.cp_rank:
+        raise ValueError(
+            f"ctx.cp_group has size {group_size} and this process is its rank {group_rank}, but ctx says "
+            f"cp_size={ctx.cp_size}, cp_rank={ctx.cp_rank}; build the context from the same group"
+        )
+
+
+class _AllGatherRankMajor(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, parallel: ParallelContext, contract: str) -> torch.Tensor:
+        ctx.parallel, ctx.contract, ctx.local_length = parallel, contract, local.shape[0]
+        wire = local.detach().contiguous()
+        if wire.dtype == torch.bool:  # gloo has no bool all-gather; same bytes as uint8
+            wire = wire.view(torch.uint8)
+        gathered = torch.empty((parallel.cp_size * wire.shape[0], *wire.shape[1:]), dtype=wire.dtype, device=wire.device)
+        dist.all_gather(list(gathered.chunk(parallel.cp_size)), wire, group=parallel.cp_group)
+        return gathered.view(torch.bool) if local.dtype == torch.bool else gathered
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        parallel = ctx.parallel
+        if ctx.contract == "sum":
+            grad = grad.contiguous()
+            dist.all_reduce(grad, group=parallel.cp_group)
+        return grad.narrow(0, parallel.cp_rank * ctx.local_length, ctx.local_length), None, None
+
+
+def all_gather_rank_major(
+    local: torch.Tensor, ctx: ParallelContext, gradient: GradientContract = "local"
+) -> torch.Tensor:
+    """``local`` [T_local, *] on every rank -> ``[cp_size * T_local, *]``, rank 0's rows first.
+
+    ``gradient="local"`` (verl / Megatron loss scaling): the backward passes this rank's slice of the
+    incoming gradient to ``local`` and nothing else. ``gradient="sum"`` (Megatron-RL, NeMo-RL, OpenRLHF):
+    incoming gradients are summed over the CP group first; it is ``cp_size`` times the other when every
+    rank computes the same loss.
+    """
+    if gradient not in ("local", "sum"):
+        raise ValueError(f"gradient must be 'local' or 'sum', got {gradient!r}")
+    if ctx.cp_size == 1:
+        return local
+    _check_group(ctx)
+    return _AllGatherRankMajor.apply(local, ctx, gradient)

@@ -1,0 +1,95 @@
+"""Megatron-core adapters: the parallel context from ``parallel_state``, ``PackedSeqParams`` from a plan."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from verl_cppack.context import ParallelContext
+
+if TYPE_CHECKING:
+    from verl_cppack.packing.plan import PackPlan
+
+
+@dataclass
+class FallbackPackedSeqParams:
+    """Field-for-field stand-in for ``megatron.core.packed_seq_params.PackedSeqParams`` when it is absent."""
+
+    qkv_format: str | None = None
+    cu_seqlens_q: torch.Tensor | None = None
+    cu_seqlens_kv: torch.Tensor | None = None
+    cu_seqlens_q_padded: torch.Tensor | None = None
+    cu_seqlens_kv_padded: torch.Tensor | None = None
+    max_seqlen_q: int | None = None
+    max_seqlen_kv: int | None = None
+    local_cp_size: int | None = None
+    cp_group: Any = None
+
+
+def packed_seq_params_class() -> type:
+    try:
+        from megatron.core.packed_seq_params import PackedSeqParams
+    except ImportError:
+        return FallbackPackedSeqParams
+    return PackedSeqParams
+
+
+def packed_seq_params_fields(cls: type) -> set[str]:
+    if dataclasses.is_dataclass(cls):
+        return {field.name for field in dataclasses.fields(cls)}
+    import inspect
+
+    return set(inspect.signature(cls.__init__).parameters) - {"self"}
+
+
+def packed_seq_params_from_plan(plan: "PackPlan", *, real_seqlens_in_attention: bool = False) -> Any:
+    """THD ``PackedSeqParams`` with global (not CP-divided) offsets.
+
+    By default ``cu_seqlens_q/kv`` are the padded offsets, as verl passes them (padding tokens attend
+    inside their own slot and are discarded later). ``real_seqlens_in_attention=True`` passes the real
+    ``cu_seqlens`` instead so attention kernels that support it skip the padding. Fields the installed
+    megatron-core lacks are left out; ``cp_partition_mode`` is set when it exists.
+    """
+    cls = packed_seq_params_class()
+    fields = packed_seq_params_fields(cls)
+    cu_attention = plan.cu_seqlens if real_seqlens_in_attention else plan.cu_seqlens_padded
+    max_attention = plan.max_seqlen if real_seqlens_in_attention else plan.max_seqlen_padded
+    values: dict[str, Any] = dict(
+        qkv_format="thd",
+        cu_seqlens_q=cu_attention,
+        cu_seqlens_kv=cu_attention,
+        cu_seqlens_q_padded=plan.cu_seqlens_padded,
+        cu_seqlens_kv_padded=plan.cu_seqlens_padded,
+        max_seqlen_q=max_attention,
+        max_seqlen_kv=max_attention,
+    )
+    if "cp_partition_mode" in fields:
+        values["cp_partition_mode"] = plan.layout.name
+    elif plan.layout.name != "zigzag" and plan.ctx.cp_size > 1 and cls is not FallbackPackedSeqParams:
+        raise ValueError(
+            f"the {plan.layout.name} layout needs PackedSeqParams.cp_partition_mode so attention knows the cut; "
+            "this megatron-core has no such field (it assumes zigzag). Use layout='zigzag' or a newer megatron-core."
+        )
+    return cls(**{name: value for name, value in values.items() if name in fields})
+
+
+def parallel_context_from_megatron() -> ParallelContext:
+    try:
+        from megatron.core import parallel_state as mpu
+    except ImportError as error:
+        raise ImportError("ParallelContext.from_megatron() needs megatron-core (pip install megatron-core)") from error
+    if not mpu.model_parallel_is_initialized():
+        raise ValueError(
+            "megatron.core.parallel_state is not initialised; call parallel_state.initialize_model_parallel(...) "
+            "first or build ParallelContext(tp_size=..., cp_size=..., cp_rank=..., cp_group=...) yourself"
+        )
+    cp_size = mpu.get_context_parallel_world_size()
+    return ParallelContext(
+        tp_size=mpu.get_tensor_model_parallel_world_size(),
+        cp_size=cp_size,
+        cp_rank=mpu.get_context_parallel_rank(),
+        cp_group=mpu.get_context_parallel_group() if cp_size > 1 else None,
+    )
