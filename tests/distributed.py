@@ -8,6 +8,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -18,11 +19,22 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _detached(value: Any) -> Any:
+    """Results cross a process boundary: plain copies of tensors, containers walked."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detached(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    return value
+
+
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        results[rank] = ("ok", fn(rank, world_size, *args))
+        results[rank] = ("ok", _detached(fn(rank, world_size, *args)))
     except BaseException:  # reported to the parent, which raises
         results[rank] = ("error", traceback.format_exc())
     finally:

@@ -1,0 +1,116 @@
+"""unpack in real gloo processes: every rank gets the whole batch; gradient flows only into the local chunk."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests import oracle
+from tests.distributed import run_gloo
+from verl_cppack import ParallelContext, plan_from_mask, plan_from_nested
+
+# left-padded prompt + right-padded response, a middle gap, an empty row, a short row
+MASK = [
+    [0, 0, 1, 1, 1, 1, 1, 0, 0],
+    [1, 1, 1, 1, 1, 1, 1, 1, 1],
+    [0, 1, 1, 0, 0, 1, 1, 1, 0],
+    [0, 0, 0, 0, 0, 0, 0, 0, 0],
+    [1, 0, 0, 0, 0, 0, 0, 0, 0],
+]
+HIDDEN = 3
+
+
+def _inputs():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(len(MASK), len(MASK[0]), HIDDEN, generator=generator, dtype=torch.float64)
+    weights = torch.randn(x.shape, generator=generator, dtype=torch.float64)
+    return x, weights
+
+
+def _unpack_and_backward(rank, world_size, layout, gradient):
+    ctx = ParallelContext(cp_size=world_size, cp_rank=rank, cp_group=dist.group.WORLD)
+    plan = plan_from_mask(torch.tensor(MASK), ctx, layout=layout)
+    x, weights = _inputs()
+    y_local = plan.pack(x).clone().requires_grad_(True)  # [1, T_local, H] stands for a model output
+    full = plan.unpack(y_local, gradient=gradient)  # [B, S, H]
+    (full * weights).sum().backward()
+    other_dtypes = {
+        dtype: plan.unpack(plan.pack(x.to(dtype) if dtype != torch.bool else x > 0))
+        for dtype in (torch.bfloat16, torch.bool, torch.int64)
+    }
+    return full.detach(), y_local.grad[0], plan.local_index, other_dtypes
+
+
+def _expected_local_gradient(layout, world_size, rank, weights):
+    lengths = [sum(row) for row in MASK]
+    padded = oracle.padded_lengths(lengths, 2 * world_size, 2 * world_size)
+    stream = oracle.stream_of_rows(MASK, padded)
+    index = oracle.local_indices(layout, oracle.offsets(padded), world_size, rank)
+    return torch.stack([torch.zeros(HIDDEN, dtype=weights.dtype) if stream[p] is None else weights[stream[p]] for p in index])
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_unpack_gathers_the_batch_and_keeps_local_gradient(world_size, layout):
+    x, weights = _inputs()
+    mask = torch.tensor(MASK).bool()
+    expected_full = torch.where(mask.unsqueeze(-1), x, 0.0)
+    results = run_gloo(_unpack_and_backward, world_size, layout, "local")
+    for rank, (full, local_grad, local_index, other_dtypes) in enumerate(results):
+        assert full.dtype == torch.float64
+        assert torch.equal(full, expected_full)
+        assert torch.equal(local_grad, _expected_local_gradient(layout, world_size, rank, weights))
+        for dtype, restored in other_dtypes.items():
+            source = x.to(dtype) if dtype != torch.bool else x > 0
+            assert restored.dtype == dtype
+            assert torch.equal(restored, torch.where(mask.unsqueeze(-1), source, torch.zeros((), dtype=dtype)))
+
+
+def test_padding_positions_get_zero_gradient():
+    results = run_gloo(_unpack_and_backward, 2, "zigzag", "local")
+    for rank, (_, local_grad, local_index, _) in enumerate(results):
+        plan = plan_from_mask(torch.tensor(MASK), ParallelContext(cp_size=2, cp_rank=rank))
+        assert torch.equal(local_index, plan.local_index)
+        assert not plan.local_valid_mask.all()  # the test means something
+        assert torch.count_nonzero(local_grad[~plan.local_valid_mask]) == 0
+
+
+def test_sum_contract_is_cp_size_times_the_local_contract():
+    _, weights = _inputs()
+    results = run_gloo(_unpack_and_backward, 2, "zigzag", "sum")
+    for rank, (_, local_grad, _, _) in enumerate(results):
+        assert torch.allclose(local_grad, 2 * _expected_local_gradient("zigzag", 2, rank, weights))
+
+
+def _nested_unpack(rank, world_size):
+    ctx = ParallelContext(cp_size=world_size, cp_rank=rank, cp_group=dist.group.WORLD)
+    rows = [torch.arange(n, dtype=torch.float32) + 10 * i for i, n in enumerate([5, 0, 3, 8])]
+    nested = torch.nested.nested_tensor(rows, layout=torch.jagged)
+    plan = plan_from_nested(nested, ctx)
+    local = plan.pack(nested).clone().requires_grad_(True)
+    gathered = plan.unpack(local)
+    gathered.values().sum().backward()
+    return [t.clone() for t in gathered.unbind()], local.grad[0], plan.local_valid_mask
+
+
+def test_nested_unpack_returns_the_sequences_on_every_rank():
+    results = run_gloo(_nested_unpack, 2)
+    for sequences, local_grad, valid in results:
+        assert [s.tolist() for s in sequences] == [
+            [0, 1, 2, 3, 4], [], [20, 21, 22], [30, 31, 32, 33, 34, 35, 36, 37],
+        ]
+        assert torch.equal(local_grad, valid.float())
+
+
+def _wrong_group(rank, world_size):
+    ctx = ParallelContext(cp_size=world_size, cp_rank=1 - rank, cp_group=dist.group.WORLD)
+    plan = plan_from_mask(torch.ones(2, 4, dtype=torch.bool), ctx)
+    try:
+        plan.unpack(plan.pack(torch.ones(2, 4)))
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_mismatched_group_and_rank_is_a_clear_error():
+    for message in run_gloo(_wrong_group, 2):
+        assert message is not None and "cp_rank" in message

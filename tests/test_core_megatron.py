@@ -1,0 +1,74 @@
+"""PackedSeqParams from a plan, and ParallelContext read from megatron.core.parallel_state."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from tests.distributed import run_gloo
+from verl_cppack import ParallelContext, plan_from_lengths
+from verl_cppack.integrations import megatron as megatron_integration
+
+
+def test_packed_seq_params_carry_global_padded_offsets():
+    plan = plan_from_lengths([4, 3, 6], ParallelContext(cp_size=2, cp_rank=1))
+    params = plan.packed_seq_params()
+    assert params.qkv_format == "thd"
+    for name in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
+        assert getattr(params, name).tolist() == [0, 4, 8, 16]
+        assert getattr(params, name).dtype == torch.int32
+    assert params.max_seqlen_q == params.max_seqlen_kv == 8
+
+
+def test_real_seqlens_in_attention_uses_unpadded_offsets():
+    params = plan_from_lengths([4, 3, 6], ParallelContext(cp_size=2)).packed_seq_params(real_seqlens_in_attention=True)
+    assert params.cu_seqlens_q.tolist() == [0, 4, 7, 13]
+    assert params.cu_seqlens_q_padded.tolist() == [0, 4, 8, 16]
+    assert params.max_seqlen_q == 6
+
+
+def test_uses_megatron_class_when_installed():
+    megatron = pytest.importorskip("megatron.core.packed_seq_params")
+    params = plan_from_lengths([3], ParallelContext()).packed_seq_params()
+    assert type(params) is megatron.PackedSeqParams
+
+
+def test_fallback_dataclass_without_megatron(monkeypatch):
+    monkeypatch.setattr(megatron_integration, "packed_seq_params_class", lambda: megatron_integration.FallbackPackedSeqParams)
+    params = plan_from_lengths([3, 5], ParallelContext(cp_size=2), layout="contiguous").packed_seq_params()
+    assert isinstance(params, megatron_integration.FallbackPackedSeqParams)
+    assert params.cu_seqlens_q_padded.tolist() == [0, 4, 12]  # slots padded to 2 * CP = 4
+
+
+def test_contiguous_layout_needs_cp_partition_mode_on_megatron():
+    pytest.importorskip("megatron.core.packed_seq_params")
+    plan = plan_from_lengths([3, 5], ParallelContext(cp_size=2), layout="contiguous")
+    if "cp_partition_mode" in megatron_integration.packed_seq_params_fields(megatron_integration.packed_seq_params_class()):
+        assert plan.packed_seq_params().cp_partition_mode == "contiguous"
+    else:
+        with pytest.raises(ValueError, match="cp_partition_mode"):
+            plan.packed_seq_params()
+
+
+def test_from_megatron_before_initialisation_is_a_clear_error():
+    pytest.importorskip("megatron.core")
+    with pytest.raises(ValueError, match="not initialised"):
+        ParallelContext.from_megatron()
+
+
+def _context_from_megatron(rank, world_size):
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(context_parallel_size=world_size)
+    try:
+        ctx = ParallelContext.from_megatron()
+        return dataclasses.replace(ctx, cp_group=None), ctx.cp_group is parallel_state.get_context_parallel_group()
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def test_from_megatron_reads_parallel_state():
+    pytest.importorskip("megatron.core")
+    for rank, (ctx, same_group) in enumerate(run_gloo(_context_from_megatron, 2)):
+        assert ctx == ParallelContext(tp_size=1, cp_size=2, cp_rank=rank)
+        assert same_group
