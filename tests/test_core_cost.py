@@ -10,7 +10,7 @@ from tests.distributed import run_gloo
 from verl_cppack import ParallelContext, plan_from_mask, plan_from_nested
 
 # ops that force a device->host copy (or whose output size depends on data)
-SYNCING_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique", "aten._unique")
+SYNCING_OPS = {"aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique", "aten._unique", "aten._unique2"}
 
 
 class OpCounter(TorchDispatchMode):
@@ -27,7 +27,7 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def syncs(self) -> int:
-        return sum(n for op, n in self.ops.items() if op.startswith(SYNCING_OPS) or op.startswith("sync:"))
+        return sum(n for op, n in self.ops.items() if op in SYNCING_OPS or op.startswith("sync:"))
 
 
 class TolistCounter:

@@ -27,7 +27,7 @@ def test_offsets_and_padding_for_cp2():
     assert plan.cu_seqlens.dtype == plan.cu_seqlens_padded.dtype == torch.int32
     assert plan.max_seqlen_padded == 8
     assert (plan.total_length, plan.local_length, plan.num_valid_tokens) == (16, 8, 13)
-    stream_valid = (plan.stream_source >= 0).int().tolist()
+    stream_valid = (plan.stream_source < plan.source_rows).int().tolist()
     assert stream_valid == [1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 0]
 
 

@@ -22,7 +22,7 @@ def describe(cp_size: int, layout: str, tp_size: int = 1) -> list[str]:
         if rank == 0:
             stream = ["P"] * plan.total_length
             for position, source in enumerate(plan.stream_source.tolist()):
-                if source >= 0:
+                if source < plan.source_rows:
                     stream[position] = tokens[source]
             lines.append(f"layout={layout} cp={cp_size} tp={tp_size}")
             lines.append(f"  cu_seqlens        = {plan.cu_seqlens.tolist()}")

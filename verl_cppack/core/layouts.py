@@ -39,6 +39,10 @@ class Layout(ABC):
     def partition(self, cu_seqlens_padded: torch.Tensor, total_length: int, cp_size: int) -> torch.Tensor:
         """All ranks' local indices, ``[cp_size, total_length // cp_size]`` int64 (inputs assumed valid)."""
 
+    def keeps_stream_order(self, cp_size: int) -> bool:
+        """True when the ranks' local streams, concatenated, are the stream itself (no permutation)."""
+        return cp_size == 1
+
     def _check_tp(self, alignment: Alignment, ctx: ParallelContext) -> None:
         needed = ctx.cp_size * ctx.tp_size
         if alignment.stream_multiple % needed:
@@ -68,19 +72,18 @@ class ZigzagLayout(Layout):
         if cp_size == 1:
             return torch.arange(total_length, device=device).unsqueeze(0)
         local_length = total_length // cp_size
+        # Every rank's local stream is 2n chunks (front and back chunk of each slot), each a run of
+        # consecutive stream positions: index = arange + (stream start - local start) of the chunk.
         cu = cu_seqlens_padded.long()
-        local_starts = cu[:-1] // cp_size  # [n] slot start in every rank's local stream
-        half_chunks = (cu[1:] - cu[:-1]) // (2 * cp_size)  # [n] chunk length of each slot
-        slot_of_local = torch.repeat_interleave(
-            torch.arange(cu.numel() - 1, device=device), 2 * half_chunks, output_size=local_length
-        )  # [T_local]
-        offset_in_local_slot = torch.arange(local_length, device=device) - local_starts[slot_of_local]
-        chunk = half_chunks[slot_of_local]  # [T_local]
-        in_second_chunk = offset_in_local_slot >= chunk  # [T_local]
-        ranks = torch.arange(cp_size, device=device).unsqueeze(1)  # [cp, 1]
-        chunk_id = torch.where(in_second_chunk, 2 * cp_size - 1 - ranks, ranks)  # [cp, T_local]
-        offset_in_chunk = offset_in_local_slot - in_second_chunk.long() * chunk  # [T_local]
-        return cu[:-1][slot_of_local] + chunk_id * chunk + offset_in_chunk  # [cp, T_local]
+        chunk = (cu[1:] - cu[:-1]) // (2 * cp_size)  # [n] chunk length of each slot
+        ranks = torch.arange(cp_size, device=device).view(cp_size, 1, 1)  # [cp, 1, 1]
+        chunk_id = torch.cat([ranks, 2 * cp_size - 1 - ranks], dim=2)  # [cp, 1, 2] front, back
+        local_start = (cu[:-1] // cp_size).view(1, -1, 1) + torch.tensor([0, 1], device=device) * chunk.view(1, -1, 1)
+        stream_start = cu[:-1].view(1, -1, 1) + chunk_id * chunk.view(1, -1, 1)  # [cp, n, 2]
+        shift = (stream_start - local_start).view(cp_size, -1)  # [cp, 2n]
+        return torch.repeat_interleave(shift, chunk.view(-1, 1).expand(-1, 2).reshape(-1), dim=1, output_size=local_length) + torch.arange(
+            local_length, device=device
+        )  # [cp, T_local]
 
 
 class ContiguousLayout(Layout):
@@ -90,6 +93,9 @@ class ContiguousLayout(Layout):
 
     def check_alignment(self, alignment: Alignment, ctx: ParallelContext) -> None:
         self._check_tp(alignment, ctx)
+
+    def keeps_stream_order(self, cp_size: int) -> bool:
+        return True
 
     def partition(self, cu_seqlens_padded: torch.Tensor, total_length: int, cp_size: int) -> torch.Tensor:
         return torch.arange(total_length, device=cu_seqlens_padded.device).view(cp_size, -1)

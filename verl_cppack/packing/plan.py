@@ -15,8 +15,8 @@ rank-major stream
     All ranks' local streams concatenated, rank 0 first: what an all-gather returns.
 
 Cost: building a plan makes one device->host sync (the sizes needed to allocate), no Python loop over
-sequences, and O(source rows + T) device work; ``pack`` is one ``index_select`` and one
-``masked_fill``; ``unpack`` is one all-gather, one ``index_select`` and one ``masked_fill``.
+sequences, one pass over the mask and O(N + T) integer work; ``pack`` is one ``index_select`` and one
+``masked_fill``; ``unpack`` is one all-gather and one ``index_copy`` into zeros (a sink row takes padding).
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ class PackPlan:
     ctx: ParallelContext
     layout: Layout
     alignment: Alignment
-    batch_size: int  # B: number of sequences (slots)
-    seq_len: int | None  # S of a padded [B, S] source; None for a jagged source
-    seqlens: torch.Tensor  # [B] int32 real tokens per sequence
-    seqlens_padded: torch.Tensor  # [B] int32 slot lengths
-    cu_seqlens: torch.Tensor  # [B+1] int32, global
-    cu_seqlens_padded: torch.Tensor  # [B+1] int32, global
+    batch_size: int  # number of sequences (slots)
+    source_shape: tuple[int, int] | None  # (B, S) of a padded source; None for a jagged source
+    seqlens: torch.Tensor  # [n] int32 real tokens per sequence
+    seqlens_padded: torch.Tensor  # [n] int32 slot lengths
+    cu_seqlens: torch.Tensor  # [n+1] int32, global
+    cu_seqlens_padded: torch.Tensor  # [n+1] int32, global
     max_seqlen: int  # longest real sequence
     max_seqlen_padded: int  # longest slot
     num_valid_tokens: int  # N = cu_seqlens[-1]
@@ -56,13 +56,25 @@ class PackPlan:
     local_length: int  # T / cp_size
     local_index: torch.Tensor  # [T_local] int64 stream position of each local position
     local_valid_mask: torch.Tensor  # [T_local] bool, True at real tokens
-    local_position_ids: torch.Tensor  # [T_local] int64 offset inside the slot (restarts per sequence)
     local_source: torch.Tensor  # [T_local] int64 source row of each local position (0 at padding)
-    gather_index: torch.Tensor  # [source rows] int64 rank-major position of each source row (0 if invalid)
-    source_valid_mask: torch.Tensor | None  # [B*S] bool for a padded source; None for jagged (all valid)
-    stream_source: torch.Tensor  # [T] int64 source row of each stream position, -1 at padding
-    rank_major_position: torch.Tensor  # [T] int64 where each stream position lands after the all-gather
-    local_slot: torch.Tensor  # [T_local] int64 sequence owning each local position
+    stream_source: torch.Tensor  # [T] int64 source row of each stream position; ``source_rows`` at padding
+    rank_major_source: torch.Tensor  # [T] int64 source row of each rank-major position; ``source_rows`` at padding
+    token_rows: torch.Tensor | None  # [N] int64 source row of each real token, in stream order (None: jagged, identity)
+
+    @property
+    def source_rows(self) -> int:
+        """Rows of the flattened source: ``B * S`` for a padded source, ``N`` for a jagged one."""
+        return self.num_valid_tokens if self.source_shape is None else self.source_shape[0] * self.source_shape[1]
+
+    @cached_property
+    def local_slot(self) -> torch.Tensor:
+        """[T_local] int64 sequence owning each local position."""
+        return torch.searchsorted(self.cu_seqlens_padded, self.local_index, right=True) - 1
+
+    @cached_property
+    def local_position_ids(self) -> torch.Tensor:
+        """[T_local] int64 offset inside the slot: restarts at 0 for every sequence (padding continues the count)."""
+        return self.local_index - self.cu_seqlens_padded.long().index_select(0, self.local_slot)
 
     # ------------------------------------------------------------------ pack
     def pack(self, x: torch.Tensor, *, shift: int = 0, wrap: bool = False) -> torch.Tensor:
@@ -87,22 +99,22 @@ class PackPlan:
         require_int("shift", shift, minimum=0)
         if shift == 0:
             return self.local_source, self.local_valid_mask
-        seqlens = self.seqlens.long()[self.local_slot]  # [T_local]
+        seqlens = self.seqlens.long().index_select(0, self.local_slot)  # [T_local]
         target = self.local_position_ids + shift  # [T_local] target offset inside the slot
         if wrap:
             target = target % seqlens.clamp(min=1)  # the clamp only touches empty slots, which hold no token
             valid = self.local_valid_mask
         else:
             valid = self.local_valid_mask & (target < seqlens)
-        stream_position = self.cu_seqlens_padded.long()[self.local_slot] + target
+        stream_position = self.cu_seqlens_padded.long().index_select(0, self.local_slot) + target
         source = self.stream_source.index_select(0, torch.where(valid, stream_position, 0))
-        return source.clamp(min=0), valid
+        return torch.where(valid, source, 0), valid
 
     def _source_rows(self, x: torch.Tensor) -> torch.Tensor:
         require_tensor("x", x)
         if x.device != self.local_index.device:
             raise ValueError(f"x is on {x.device} but the plan was built on {self.local_index.device}; move one")
-        if self.seq_len is None:
+        if self.source_shape is None:
             if not x.is_nested:
                 raise TypeError("this plan was built from sequence lengths: pass a jagged nested tensor")
             values = x.values()
@@ -113,13 +125,13 @@ class PackPlan:
                 )
             return values
         if x.is_nested:
-            raise TypeError("this plan was built from a [B, S] attention mask: pass a padded [B, S, *] tensor")
-        if x.dim() < 2 or tuple(x.shape[:2]) != (self.batch_size, self.seq_len):
+            raise TypeError("this plan was built from a [B, S] batch: pass a padded [B, S, *] tensor")
+        if x.dim() < 2 or tuple(x.shape[:2]) != self.source_shape:
             raise ValueError(
-                f"x must have shape [B, S, *] = [{self.batch_size}, {self.seq_len}, *] like the attention mask, "
-                f"got {tuple(x.shape)}"
+                f"x must have shape [B, S, *] = [{self.source_shape[0]}, {self.source_shape[1]}, *] like the "
+                f"batch the plan was built from, got {tuple(x.shape)}"
             )
-        return x.reshape(self.batch_size * self.seq_len, *x.shape[2:])
+        return x.reshape(self.source_rows, *x.shape[2:])
 
     # ---------------------------------------------------------------- unpack
     def unpack(self, y_local: torch.Tensor, *, gradient: GradientContract = "local") -> torch.Tensor:
@@ -130,31 +142,19 @@ class PackPlan:
         (verl's contract) only this rank's chunk receives gradient, see ``all_gather_rank_major``.
         """
         local = self._check_local(y_local)
-        return self._scatter_back(all_gather_rank_major(local, self.ctx, gradient))
+        return self._to_source_layout(self._scatter_rows(all_gather_rank_major(local, self.ctx, gradient)))
 
     def restore(self, local_outputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """Pure, no process group: every rank's ``[1, T_local, *]`` output (rank order) -> what ``unpack`` returns."""
         if len(local_outputs) != self.ctx.cp_size:
             raise ValueError(f"restore needs one local output per CP rank ({self.ctx.cp_size}), got {len(local_outputs)}")
-        return self._scatter_back(torch.cat([self._check_local(y) for y in local_outputs]))
+        return self._to_source_layout(self._scatter_rows(torch.cat([self._check_local(y) for y in local_outputs])))
 
     def unpack_nested(self, y_local: torch.Tensor, *, gradient: GradientContract = "local") -> torch.Tensor:
-        """Like ``unpack`` but always returns a jagged nested tensor ``[B, j, *]`` of the real tokens."""
-        gathered = all_gather_rank_major(self._check_local(y_local), self.ctx, gradient)
-        return torch.nested.nested_tensor_from_jagged(
-            gathered.index_select(0, self.valid_gather_index), offsets=self.cu_seqlens.long()
-        )
-
-    @cached_property
-    def valid_gather_index(self) -> torch.Tensor:
-        """[N] int64 rank-major position of each real token, sequences in order."""
-        if self.source_valid_mask is None:
-            return self.gather_index
-        sequence = torch.repeat_interleave(
-            torch.arange(self.batch_size, device=self.seqlens.device), self.seqlens.long(), output_size=self.num_valid_tokens
-        )
-        offset = torch.arange(self.num_valid_tokens, device=sequence.device) - self.cu_seqlens.long()[sequence]
-        return self.rank_major_position.index_select(0, self.cu_seqlens_padded.long()[sequence] + offset)
+        """Like ``unpack`` but always a jagged nested tensor ``[n, j, *]`` of the real tokens of each sequence."""
+        rows = self._scatter_rows(all_gather_rank_major(self._check_local(y_local), self.ctx, gradient))
+        values = rows if self.token_rows is None else rows.index_select(0, self.token_rows)  # [N, *]
+        return torch.nested.nested_tensor_from_jagged(values, offsets=self.cu_seqlens.long())
 
     def _check_local(self, y_local: torch.Tensor) -> torch.Tensor:
         require_tensor("y_local", y_local)
@@ -165,12 +165,24 @@ class PackPlan:
             )
         return y_local[0]
 
-    def _scatter_back(self, gathered: torch.Tensor) -> torch.Tensor:
-        rows = gathered.index_select(0, self.gather_index)  # [source rows, *]
-        if self.source_valid_mask is None:
+    def _scatter_rows(self, gathered: torch.Tensor) -> torch.Tensor:
+        """Rank-major ``[T, *]`` -> source rows ``[source_rows, *]``, zeros where no token lands (one extra sink row)."""
+        rows = gathered.new_zeros((self.source_rows + 1, *gathered.shape[1:]))
+        return rows.index_copy(0, self.rank_major_source, gathered)[: self.source_rows]
+
+    def _to_source_layout(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.source_shape is None:
             return torch.nested.nested_tensor_from_jagged(rows, offsets=self.cu_seqlens.long())
-        rows = rows.masked_fill(~self.source_valid_mask.view(-1, *([1] * (rows.dim() - 1))), 0)
-        return rows.view(self.batch_size, self.seq_len, *rows.shape[1:])
+        return rows.view(*self.source_shape, *rows.shape[1:])
+
+    # ------------------------------------------------ kept for helper modules
+    @cached_property
+    def source_valid_mask(self) -> torch.Tensor | None:
+        """[source_rows] bool: rows holding a real token (None for a jagged source, where all do)."""
+        if self.token_rows is None:
+            return None
+        mask = torch.zeros(self.source_rows, dtype=torch.bool, device=self.local_index.device)
+        return mask.index_fill(0, self.token_rows, True)
 
     # -------------------------------------------------------------- megatron
     def packed_seq_params(self, *, real_seqlens_in_attention: bool = False) -> Any:
@@ -205,14 +217,11 @@ def plan_from_mask(
         raise ValueError(f"attention_mask must have B >= 1 and S >= 1, got shape {tuple(attention_mask.shape)}")
     ctx, layout_, alignment_ = _resolve(ctx, layout, alignment, fp8)
 
-    is_bool = attention_mask.dtype == torch.bool
     num_bad_values = torch.zeros((), dtype=torch.long, device=attention_mask.device)
-    if not is_bool:
+    if attention_mask.dtype != torch.bool:
         num_bad_values = ((attention_mask != 0) & (attention_mask != 1)).sum()
-    valid = attention_mask if is_bool else attention_mask != 0  # [B, S]
-    seqlens = valid.sum(dim=1)  # [B]
-    sequence_of_row = torch.where(valid, torch.arange(batch_size, device=valid.device).unsqueeze(1), -1).view(-1)
-    return _build(ctx, layout_, alignment_, seqlens, seq_len, sequence_of_row, num_bad_values)
+        attention_mask = attention_mask != 0
+    return _build(ctx, layout_, alignment_, attention_mask.sum(dim=1), (batch_size, seq_len), attention_mask, num_bad_values)
 
 
 def plan_from_lengths(
@@ -279,60 +288,56 @@ def _build(
     ctx: ParallelContext,
     layout: Layout,
     alignment: Alignment,
-    seqlens: torch.Tensor,  # [B] any integer dtype
-    seq_len: int | None,
-    sequence_of_row: torch.Tensor | None,  # [B*S] sequence owning each source row, -1 if padding; None = jagged
-    num_bad_values: torch.Tensor,  # [] count of invalid input values (reported after the sync)
+    seqlens: torch.Tensor,  # [n] any integer dtype: tokens of each sequence, in stream order
+    source_shape: tuple[int, int] | None,  # (B, S) of a padded source; None for a jagged source
+    token_mask: torch.Tensor | None,  # [B, S] bool: which source rows are tokens (None: jagged, all are)
+    num_bad_values: torch.Tensor,  # [] count of invalid input values, reported after the sync
 ) -> PackPlan:
+    """The one plan builder. The tokens of ``token_mask``, read in row-major order, are cut into sequences
+    of ``seqlens`` tokens each: rows of a padded batch, documents of a token batch, or jagged sequences.
+    ``seqlens`` must sum to the number of tokens (callers derive both from the same data)."""
     device = seqlens.device
     seqlens = seqlens.long()
-    seqlens_padded = alignment.pad(seqlens)  # [B]
-    cu_seqlens, cu_seqlens_padded = _cumsum0(seqlens), _cumsum0(seqlens_padded)  # [B+1]
+    seqlens_padded = alignment.pad(seqlens)  # [n]
+    cu_seqlens, cu_seqlens_padded = _cumsum0(seqlens), _cumsum0(seqlens_padded)  # [n+1]
 
     # The one device->host sync of the plan: sizes to allocate, and the value checks.
     total_length, num_valid_tokens, max_seqlen, max_seqlen_padded, bad = torch.stack(
         [cu_seqlens_padded[-1], cu_seqlens[-1], seqlens.max(), seqlens_padded.max(), num_bad_values.long()]
     ).tolist()
     if bad:
-        what = "attention_mask values must be 0 or 1" if sequence_of_row is not None else "seqlens must be >= 0"
+        what = "attention_mask values must be 0 or 1" if token_mask is not None else "seqlens must be >= 0"
         raise ValueError(f"{what}; found {bad} offending entries")
     if num_valid_tokens == 0:
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
     local_length = total_length // ctx.cp_size
+    source_rows = num_valid_tokens if source_shape is None else source_shape[0] * source_shape[1]
 
-    # Stream position of every source row (padding rows go to a sink at T).
-    if sequence_of_row is None:  # jagged: all rows valid, sequences in order
-        sequence_of_row = torch.repeat_interleave(
-            torch.arange(seqlens.numel(), device=device), seqlens, output_size=num_valid_tokens
-        )
-        row_is_token = None
-    else:
-        row_is_token = sequence_of_row >= 0
-    sequence = sequence_of_row.clamp(min=0)
-    valid_rank = torch.arange(sequence.numel(), device=device) if row_is_token is None else torch.cumsum(row_is_token, 0) - 1
-    stream_position = cu_seqlens_padded[sequence] + valid_rank - cu_seqlens[sequence]  # [rows]
-    if row_is_token is not None:
-        stream_position = torch.where(row_is_token, stream_position, total_length)
+    # Source row and stream position of the n-th real token (tokens keep their order; sequences are consecutive).
+    token_rows = None
+    if token_mask is not None:
+        token_rows = torch.nonzero_static(token_mask.reshape(-1), size=num_valid_tokens).squeeze(1)  # [N]
+    slot_shift = cu_seqlens_padded[:-1] - cu_seqlens[:-1]  # [n] padding before each slot
+    token_stream_position = torch.arange(num_valid_tokens, device=device) + torch.repeat_interleave(
+        slot_shift, seqlens, output_size=num_valid_tokens
+    )  # [N]
 
-    # Inverse: source row of every stream position (-1 = padding). Only the sink sees duplicate writes.
-    stream_source = torch.full((total_length + 1,), -1, dtype=torch.long, device=device)
-    stream_source.scatter_(0, stream_position, torch.arange(stream_position.numel(), device=device))
-    stream_source = stream_source[:total_length]
-
+    # Inverse maps, with ``source_rows`` as the sink value at padding positions.
+    stream_source = torch.full((total_length,), source_rows, dtype=torch.long, device=device)
+    stream_source.index_copy_(
+        0, token_stream_position, torch.arange(num_valid_tokens, device=device) if token_rows is None else token_rows
+    )
     partition = layout.partition(cu_seqlens_padded, total_length, ctx.cp_size)  # [cp, T_local]
-    rank_major_position = torch.empty(total_length, dtype=torch.long, device=device)
-    rank_major_position[partition.reshape(-1)] = torch.arange(total_length, device=device)
-    local_index = partition[ctx.cp_rank]
-    local_slot = torch.searchsorted(cu_seqlens_padded, local_index, right=True) - 1
-    local_source = stream_source.index_select(0, local_index)
-    gather_index = rank_major_position.index_select(0, stream_position.clamp(max=total_length - 1))
+    rank_major_source = stream_source if layout.keeps_stream_order(ctx.cp_size) else stream_source[partition.view(-1)]
+    local_source = rank_major_source.narrow(0, ctx.cp_rank * local_length, local_length)
+    local_valid_mask = local_source != source_rows
 
     return PackPlan(
         ctx=ctx,
         layout=layout,
         alignment=alignment,
         batch_size=seqlens.numel(),
-        seq_len=seq_len,
+        source_shape=source_shape,
         seqlens=seqlens.int(),
         seqlens_padded=seqlens_padded.int(),
         cu_seqlens=cu_seqlens.int(),
@@ -342,13 +347,10 @@ def _build(
         num_valid_tokens=num_valid_tokens,
         total_length=total_length,
         local_length=local_length,
-        local_index=local_index,
-        local_valid_mask=local_source >= 0,
-        local_position_ids=local_index - cu_seqlens_padded[local_slot],
-        local_source=local_source.clamp(min=0),
-        gather_index=gather_index,
-        source_valid_mask=row_is_token,
+        local_index=partition[ctx.cp_rank],
+        local_valid_mask=local_valid_mask,
+        local_source=torch.where(local_valid_mask, local_source, 0),
         stream_source=stream_source,
-        rank_major_position=rank_major_position,
-        local_slot=local_slot,
+        rank_major_source=rank_major_source,
+        token_rows=token_rows,
     )
