@@ -1,66 +1,16 @@
 """Cost contract: the ATen op count of plan + pack + unpack does not grow with B; one host sync per plan."""
 
-from collections import Counter
-
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.distributed import run_gloo
 from verl_cppack import ParallelContext, plan_from_mask, plan_from_nested
-
-# ops that force a device->host copy (or whose output size depends on data)
-SYNCING_OPS = {"aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique", "aten._unique", "aten._unique2"}
-
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = str(func.overloadpacket)
-        self.ops[name] += 1
-        if name == "aten.repeat_interleave" and kwargs.get("output_size") is None:
-            self.ops["sync:repeat_interleave_without_output_size"] += 1
-        return func(*args, **kwargs)
-
-    def syncs(self) -> int:
-        return sum(n for op, n in self.ops.items() if op in SYNCING_OPS or op.startswith("sync:"))
-
-
-class TolistCounter:
-    """``Tensor.tolist`` copies to the host without dispatching an op: count it by wrapping the method."""
-
-    def __enter__(self):
-        self.calls, self._original = 0, torch.Tensor.tolist
-
-        def counting_tolist(tensor):
-            self.calls += 1
-            return self._original(tensor)
-
-        torch.Tensor.tolist = counting_tolist
-        return self
-
-    def __exit__(self, *exc):
-        torch.Tensor.tolist = self._original
-
-
-def rollout_batch(batch_size, prompt_len=12, response_len=20, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(1, prompt_len + 1, (batch_size, 1), generator=generator)
-    response = torch.randint(0, response_len + 1, (batch_size, 1), generator=generator)
-    columns = torch.arange(prompt_len + response_len)
-    mask = ((columns >= prompt_len - prompt) & (columns < prompt_len)) | (
-        (columns >= prompt_len) & (columns < prompt_len + response)
-    )
-    input_ids = torch.randint(0, 1000, mask.shape, generator=generator)
-    return input_ids, mask
+from verl_cppack.bench.batches import rollout_batch
+from verl_cppack.bench.counters import OpCounter, TolistCounter
 
 
 def _micro_batch(batch_size, ctx):
-    input_ids, mask = rollout_batch(batch_size)
+    input_ids, mask = rollout_batch(batch_size, 32)
     with OpCounter() as counter, TolistCounter() as tolist:
         plan = plan_from_mask(mask, ctx)
         packed = [plan.pack(input_ids), plan.pack(input_ids, shift=1), plan.pack(mask)]
@@ -110,4 +60,6 @@ def test_the_counter_detects_a_sync():
         torch.arange(3).nonzero()
         int(torch.arange(3).sum())
         torch.arange(3).tolist()
-    assert counter.syncs() + tolist.calls == 3
+        torch.repeat_interleave(torch.tensor([1, 2]))
+        torch.repeat_interleave(torch.tensor([1, 2]), output_size=3)  # no sync: the size is given
+    assert counter.syncs() + tolist.calls == 4

@@ -86,10 +86,18 @@ class PackPlan:
         ``wrap=True`` the target wraps around inside the sequence instead (verl's ``need_roll``).
         """
         rows = self._source_rows(x)
-        source, valid = self._shifted_source(shift, wrap)
-        packed = rows.index_select(0, source)  # [T_local, *]
-        packed = packed.masked_fill(~valid.view(-1, *([1] * (packed.dim() - 1))), 0)
-        return packed.unsqueeze(0)
+        if shift == 0:
+            source, padding = self.local_source, self.local_padding_mask
+        else:
+            source, valid = self._shifted_source(shift, wrap)
+            padding = ~valid
+        packed = rows.index_select(0, source)  # [T_local, *] fresh, so filled in place
+        return packed.masked_fill_(padding.view(-1, *([1] * (packed.dim() - 1))), 0).unsqueeze(0)
+
+    @cached_property
+    def local_padding_mask(self) -> torch.Tensor:
+        """[T_local] bool, True at padding (``~local_valid_mask``, kept for ``pack``)."""
+        return ~self.local_valid_mask
 
     def target_mask(self, shift: int = 1, wrap: bool = False) -> torch.Tensor:
         """``[1, T_local]`` bool: positions whose shifted target (see ``pack``) is a real token."""
@@ -168,7 +176,7 @@ class PackPlan:
     def _scatter_rows(self, gathered: torch.Tensor) -> torch.Tensor:
         """Rank-major ``[T, *]`` -> source rows ``[source_rows, *]``, zeros where no token lands (one extra sink row)."""
         rows = gathered.new_zeros((self.source_rows + 1, *gathered.shape[1:]))
-        return rows.index_copy(0, self.rank_major_source, gathered)[: self.source_rows]
+        return rows.index_copy_(0, self.rank_major_source, gathered)[: self.source_rows]
 
     def _to_source_layout(self, rows: torch.Tensor) -> torch.Tensor:
         if self.source_shape is None:

@@ -1,0 +1,45 @@
+"""`verl-cppack bench` smoke run: it runs verl and verl_cppack in a real CP group and writes its report.
+
+Only counts are asserted (never times): verl_cppack makes one host sync per micro-batch and the same ATen
+op count for every B, while verl's op count grows with B.
+"""
+
+import pytest
+
+from verl_cppack.bench.verl_step import (
+    README_BEGIN,
+    README_END,
+    BenchSettings,
+    performance_section,
+    run_benchmark,
+    update_readme,
+    write_outputs,
+)
+
+pytest.importorskip("verl")
+pytest.importorskip("megatron.core")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return run_benchmark(BenchSettings(batch_sizes=(8, 32), seq_lens=(64,), cp_sizes=(2,), repeats=1))
+
+
+def test_counts(rows):
+    assert [row["batch_size"] for row in rows] == [8, 32]
+    assert all(row["verl_cppack"]["host_syncs"] == 1 for row in rows)
+    assert rows[0]["verl_cppack"]["aten_ops"] == rows[1]["verl_cppack"]["aten_ops"]
+    assert rows[0]["verl"]["aten_ops"] < rows[1]["verl"]["aten_ops"]
+    for row in rows:
+        assert row["padding_overhead"]["default"] >= 1.0
+        assert row["load_balance"]["zigzag"] >= 1.0
+
+
+def test_report_files_and_readme_section(rows, tmp_path):
+    paths = write_outputs(rows, BenchSettings(repeats=1), tmp_path)
+    assert paths["table"].read_text().count("\n") == 2 + len(rows)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n{README_BEGIN}\nold\n{README_END}\ntail\n")
+    update_readme(readme, performance_section(rows, BenchSettings(repeats=1), None))
+    text = readme.read_text()
+    assert "old" not in text and text.endswith(f"{README_END}\ntail\n") and "| 64 | 2 | 8 |" in text

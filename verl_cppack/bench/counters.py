@@ -1,0 +1,79 @@
+"""Instruments: ATen ops dispatched, device->host syncs, and peak bytes allocated inside a region."""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Ops that copy to the host, or whose output size depends on data (so they sync on an accelerator).
+SYNCING_OPS = frozenset(
+    {"aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique", "aten._unique", "aten._unique2"}
+)
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every ATen op dispatched inside the ``with`` block, and the syncing ones among them.
+
+    It also tracks bytes of newly allocated tensor storage alive at once (``peak_bytes``): a CPU stand-in
+    for ``torch.cuda.max_memory_allocated`` that sees only allocations made inside the block.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._seen_storages: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = str(func.overloadpacket)
+        self.ops[name] += 1
+        if name == "aten.repeat_interleave" and func._overloadname != "self_int" and kwargs.get("output_size") is None:
+            self.ops["sync:repeat_interleave_without_output_size"] += 1  # output size read from the repeats
+        out = func(*args, **kwargs)
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor) and not tensor.is_nested:
+                self._track(tensor)
+        return out
+
+    def _track(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key in self._seen_storages or storage.nbytes() == 0:
+            return
+        self._seen_storages.add(key)
+        self.live_bytes += storage.nbytes()
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        weakref.finalize(tensor, self._release, key, storage.nbytes())
+
+    def _release(self, key: int, nbytes: int) -> None:
+        self._seen_storages.discard(key)
+        self.live_bytes -= nbytes
+
+    @property
+    def total_ops(self) -> int:
+        return sum(n for op, n in self.ops.items() if not op.startswith("sync:"))
+
+    def syncs(self) -> int:
+        return sum(n for op, n in self.ops.items() if op in SYNCING_OPS or op.startswith("sync:"))
+
+
+class TolistCounter:
+    """``Tensor.tolist`` copies to the host without dispatching an op: count it by wrapping the method."""
+
+    def __enter__(self) -> "TolistCounter":
+        self.calls, self._original = 0, torch.Tensor.tolist
+
+        def counting_tolist(tensor):
+            self.calls += 1
+            return self._original(tensor)
+
+        torch.Tensor.tolist = counting_tolist
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.Tensor.tolist = self._original

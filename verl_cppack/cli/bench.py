@@ -1,0 +1,48 @@
+"""``verl-cppack bench``: verl's packing functions vs verl_cppack's drop-ins, in real CP groups."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from verl_cppack.bench.verl_step import (
+    BenchSettings,
+    check_targets,
+    markdown_table,
+    performance_section,
+    run_benchmark,
+    summary_lines,
+    update_readme,
+    write_outputs,
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = BenchSettings.quick() if args.quick else BenchSettings(threads=args.threads)
+    rows = run_benchmark(settings)
+    print(markdown_table(rows))
+    print("\n".join(summary_lines(rows)))
+    paths = write_outputs(rows, settings, Path(args.output))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    if args.update_readme:
+        readme = Path(args.readme)
+        plot_path = None
+        if "plot" in paths:
+            plot_path = str(Path(paths["plot"]).resolve().relative_to(readme.resolve().parent))
+        update_readme(readme, performance_section(rows, settings, plot_path))
+        print(f"updated the performance section of {readme}")
+    missed = check_targets(rows)
+    for line in missed:
+        print(f"target missed: {line}")
+    return 1 if (missed and args.strict) else 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="benchmark verl's packing functions against verl_cppack's")
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke run)")
+    parser.add_argument("--output", default="bench_out", help="folder for results.json, table.md, speedup.png")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    parser.add_argument("--update-readme", action="store_true", help="rewrite README's performance section")
+    parser.add_argument("--readme", default="README.md", help="README to update (default ./README.md)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a README target is missed")
+    parser.set_defaults(func=run)
