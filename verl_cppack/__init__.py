@@ -4,19 +4,36 @@ from verl_cppack.collectives.gather import all_gather_rank_major
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.layouts import Layout, get_layout, zigzag_indices
+from verl_cppack.loss import (
+    EmptyBatchError,
+    ReducedLoss,
+    document_mean_loss,
+    megatron_mean_loss_outputs,
+    megatron_per_token_loss_outputs,
+    token_mean_loss,
+)
+from verl_cppack.packing.documents import PackedDocuments, pack_documents
 from verl_cppack.packing.plan import PackPlan, plan_from_lengths, plan_from_mask, plan_from_nested
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Alignment",
+    "EmptyBatchError",
     "Layout",
     "PackPlan",
+    "PackedDocuments",
     "ParallelContext",
+    "ReducedLoss",
     "all_gather_rank_major",
+    "document_mean_loss",
     "get_layout",
+    "megatron_mean_loss_outputs",
+    "megatron_per_token_loss_outputs",
+    "pack_documents",
     "plan_from_lengths",
     "plan_from_mask",
     "plan_from_nested",
+    "token_mean_loss",
     "zigzag_indices",
 ]

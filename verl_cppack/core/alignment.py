@@ -58,14 +58,22 @@ class Alignment:
             stream_multiple=base_multiple * FP8_STREAM_FACTOR,
         )
 
-    def pad(self, seqlens: torch.Tensor) -> torch.Tensor:
-        """``seqlens`` [n] (any integer dtype) -> padded slot lengths [n] int64, on the same device."""
+    def pad(self, seqlens: torch.Tensor, num_sequences: torch.Tensor | None = None) -> torch.Tensor:
+        """``seqlens`` [n] (any integer dtype) -> padded slot lengths [n] int64, on the same device.
+
+        ``num_sequences`` ([] tensor, no host read): ``seqlens`` is a capacity-sized buffer whose first
+        ``num_sequences`` entries are the sequences and the rest zeros; the stream extension then goes to
+        the last real slot and the zero entries stay zero.
+        """
         seqlens = seqlens.long()
         slot_lengths = (seqlens + self.slot_multiple - 1) // self.slot_multiple * self.slot_multiple
         total = slot_lengths.sum()
         target = (total + self.stream_multiple - 1) // self.stream_multiple * self.stream_multiple
         minimum = -(-self.min_stream_length // self.stream_multiple) * self.stream_multiple
         extension = target.clamp(min=minimum) - total  # [] >= 0, a multiple of slot_multiple
-        last_slot = torch.zeros_like(slot_lengths)
-        last_slot[-1:] = 1
+        if num_sequences is None:
+            last_slot = torch.zeros_like(slot_lengths)
+            last_slot[-1:] = 1
+        else:
+            last_slot = (torch.arange(seqlens.numel(), device=seqlens.device) == num_sequences - 1).long()
         return slot_lengths + last_slot * extension

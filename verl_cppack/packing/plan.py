@@ -300,19 +300,25 @@ def _build(
     source_shape: tuple[int, int] | None,  # (B, S) of a padded source; None for a jagged source
     token_mask: torch.Tensor | None,  # [B, S] bool: which source rows are tokens (None: jagged, all are)
     num_bad_values: torch.Tensor,  # [] count of invalid input values, reported after the sync
+    num_sequences: torch.Tensor | None = None,  # []: seqlens is a capacity buffer, its first num_sequences are real
 ) -> PackPlan:
     """The one plan builder. The tokens of ``token_mask``, read in row-major order, are cut into sequences
     of ``seqlens`` tokens each: rows of a padded batch, documents of a token batch, or jagged sequences.
     ``seqlens`` must sum to the number of tokens (callers derive both from the same data)."""
     device = seqlens.device
     seqlens = seqlens.long()
-    seqlens_padded = alignment.pad(seqlens)  # [n]
+    seqlens_padded = alignment.pad(seqlens, num_sequences)  # [n]
     cu_seqlens, cu_seqlens_padded = _cumsum0(seqlens), _cumsum0(seqlens_padded)  # [n+1]
+    count = seqlens.new_tensor(seqlens.numel()) if num_sequences is None else num_sequences.long()
 
     # The one device->host sync of the plan: sizes to allocate, and the value checks.
-    total_length, num_valid_tokens, max_seqlen, max_seqlen_padded, bad = torch.stack(
-        [cu_seqlens_padded[-1], cu_seqlens[-1], seqlens.max(), seqlens_padded.max(), num_bad_values.long()]
+    total_length, num_valid_tokens, max_seqlen, max_seqlen_padded, bad, n = torch.stack(
+        [cu_seqlens_padded[-1], cu_seqlens[-1], seqlens.max(), seqlens_padded.max(), num_bad_values.long(), count]
     ).tolist()
+    if num_sequences is not None:  # keep the real sequences of the capacity buffer (views, no sync)
+        seqlens, seqlens_padded, cu_seqlens, cu_seqlens_padded = (
+            seqlens[:n], seqlens_padded[:n], cu_seqlens[: n + 1], cu_seqlens_padded[: n + 1]
+        )
     if bad:
         what = "attention_mask values must be 0 or 1" if token_mask is not None else "seqlens must be >= 0"
         raise ValueError(f"{what}; found {bad} offending entries")
