@@ -62,4 +62,5 @@ def test_the_counter_detects_a_sync():
         torch.arange(3).tolist()
         torch.repeat_interleave(torch.tensor([1, 2]))
         torch.repeat_interleave(torch.tensor([1, 2]), output_size=3)  # no sync: the size is given
-    assert counter.syncs() + tolist.calls == 4
+        torch.arange(3)[torch.tensor([True, False, True])]
+    assert counter.syncs() + tolist.calls == 5

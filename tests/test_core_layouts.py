@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from tests.oracle import te_partitioned_indices
 from verl_cppack import get_layout, zigzag_indices
+from verl_cppack.core.runs import repeat_runs
 
 
 @st.composite
@@ -76,3 +77,13 @@ def test_zigzag_indices_rejects_bad_input(cu, cp_size, rank, error, match):
 def test_unknown_layout_is_rejected():
     with pytest.raises(ValueError, match="layout must be one of"):
         get_layout("striped")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=10), st.integers(1, 3), st.integers(0, 2**16))
+def test_repeat_runs_equals_repeat_interleave(lengths, rows, seed):
+    values = torch.randint(-1000, 1000, (rows, len(lengths)), generator=torch.Generator().manual_seed(seed))
+    lengths_tensor = torch.tensor(lengths)
+    expected = torch.repeat_interleave(values, lengths_tensor, dim=1)
+    assert torch.equal(repeat_runs(values, lengths_tensor, sum(lengths)), expected)
+    assert torch.equal(repeat_runs(values[0], lengths_tensor, sum(lengths)), expected[0])

@@ -34,6 +34,8 @@ class OpCounter(TorchDispatchMode):
         self.ops[name] += 1
         if name == "aten.repeat_interleave" and func._overloadname != "self_int" and kwargs.get("output_size") is None:
             self.ops["sync:repeat_interleave_without_output_size"] += 1  # output size read from the repeats
+        if name in ("aten.index", "aten.index_put", "aten.index_put_") and _has_bool_index(args):
+            self.ops["sync:boolean_mask_indexing"] += 1  # x[mask] / x[mask] = y size their output from the mask
         out = func(*args, **kwargs)
         for tensor in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(tensor, torch.Tensor) and not tensor.is_nested:
@@ -60,6 +62,11 @@ class OpCounter(TorchDispatchMode):
 
     def syncs(self) -> int:
         return sum(n for op, n in self.ops.items() if op in SYNCING_OPS or op.startswith("sync:"))
+
+
+def _has_bool_index(args: tuple) -> bool:
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
 
 
 class TolistCounter:

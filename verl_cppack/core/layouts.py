@@ -16,6 +16,7 @@ import torch
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import check_cu_seqlens_padded, require_int
+from verl_cppack.core.runs import repeat_runs
 
 LayoutName = Literal["zigzag", "contiguous"]
 
@@ -81,9 +82,8 @@ class ZigzagLayout(Layout):
         local_start = (cu[:-1] // cp_size).view(1, -1, 1) + torch.tensor([0, 1], device=device) * chunk.view(1, -1, 1)
         stream_start = cu[:-1].view(1, -1, 1) + chunk_id * chunk.view(1, -1, 1)  # [cp, n, 2]
         shift = (stream_start - local_start).view(cp_size, -1)  # [cp, 2n]
-        return torch.repeat_interleave(shift, chunk.view(-1, 1).expand(-1, 2).reshape(-1), dim=1, output_size=local_length) + torch.arange(
-            local_length, device=device
-        )  # [cp, T_local]
+        chunk_lengths = chunk.view(-1, 1).expand(-1, 2).reshape(-1)  # [2n]
+        return repeat_runs(shift, chunk_lengths, local_length) + torch.arange(local_length, device=device)  # [cp, T_local]
 
 
 class ContiguousLayout(Layout):

@@ -34,6 +34,7 @@ from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import require_int, require_tensor
 from verl_cppack.core.layouts import Layout, LayoutName, get_layout
+from verl_cppack.core.runs import repeat_runs
 
 
 @dataclass(frozen=True, eq=False)
@@ -292,6 +293,36 @@ def _cumsum0(lengths: torch.Tensor) -> torch.Tensor:
     return F.pad(torch.cumsum(lengths, dim=0), (1, 0))
 
 
+class _TokenRows:
+    """Where the tokens of a ``[B, S]`` bool mask sit, read in row-major order.
+
+    Rollout rows (left-padded prompt + right-padded response) hold one run of tokens each; then the
+    positions follow from each row's first column in O(N). Rows with gaps take the general path: a rank
+    per mask entry and a scatter, O(B*S). ``gapped_rows`` is read in the plan's one sync to choose.
+    """
+
+    def __init__(self, token_mask: torch.Tensor) -> None:
+        self.mask = token_mask  # [B, S] bool
+        as_int8 = token_mask.to(torch.int8)
+        run_starts = (torch.diff(as_int8, dim=1, prepend=as_int8.new_zeros(token_mask.shape[0], 1)) > 0).sum(dim=1)
+        self.gapped_rows = (run_starts > 1).sum()  # [] rows whose tokens are not one run
+        self.row_counts = token_mask.sum(dim=1)  # [B]
+        self.first_column = as_int8.argmax(dim=1)  # [B] first token of each row (0 for an empty row)
+
+    def positions(self, num_tokens: int, contiguous: bool) -> torch.Tensor:
+        """[N] flat ``b * S + s`` of the n-th token."""
+        batch_size, seq_len = self.mask.shape
+        device = self.mask.device
+        if contiguous:
+            row_start = torch.arange(batch_size, device=device) * seq_len + self.first_column  # [B]
+            shift = row_start - _cumsum0(self.row_counts)[:-1]  # [B]
+            return torch.arange(num_tokens, device=device) + repeat_runs(shift, self.row_counts, num_tokens)
+        flat = self.mask.reshape(-1)
+        rank = torch.where(flat, torch.cumsum(flat, 0) - 1, num_tokens)  # [B*S], non-tokens to a sink
+        positions = torch.empty(num_tokens + 1, dtype=torch.long, device=device)
+        return positions.index_copy_(0, rank, torch.arange(flat.numel(), device=device))[:num_tokens]
+
+
 def _build(
     ctx: ParallelContext,
     layout: Layout,
@@ -310,10 +341,19 @@ def _build(
     seqlens_padded = alignment.pad(seqlens, num_sequences)  # [n]
     cu_seqlens, cu_seqlens_padded = _cumsum0(seqlens), _cumsum0(seqlens_padded)  # [n+1]
     count = seqlens.new_tensor(seqlens.numel()) if num_sequences is None else num_sequences.long()
+    rows = _TokenRows(token_mask) if token_mask is not None else None
 
     # The one device->host sync of the plan: sizes to allocate, and the value checks.
-    total_length, num_valid_tokens, max_seqlen, max_seqlen_padded, bad, n = torch.stack(
-        [cu_seqlens_padded[-1], cu_seqlens[-1], seqlens.max(), seqlens_padded.max(), num_bad_values.long(), count]
+    total_length, num_valid_tokens, max_seqlen, max_seqlen_padded, bad, n, gapped_rows = torch.stack(
+        [
+            cu_seqlens_padded[-1],
+            cu_seqlens[-1],
+            seqlens.max(),
+            seqlens_padded.max(),
+            num_bad_values.long(),
+            count,
+            count.new_zeros(()) if rows is None else rows.gapped_rows,
+        ]
     ).tolist()
     if num_sequences is not None:  # keep the real sequences of the capacity buffer (views, no sync)
         seqlens, seqlens_padded, cu_seqlens, cu_seqlens_padded = (
@@ -328,12 +368,10 @@ def _build(
     source_rows = num_valid_tokens if source_shape is None else source_shape[0] * source_shape[1]
 
     # Source row and stream position of the n-th real token (tokens keep their order; sequences are consecutive).
-    token_rows = None
-    if token_mask is not None:
-        token_rows = torch.nonzero_static(token_mask.reshape(-1), size=num_valid_tokens).squeeze(1)  # [N]
+    token_rows = None if rows is None else rows.positions(num_valid_tokens, contiguous=gapped_rows == 0)  # [N]
     slot_shift = cu_seqlens_padded[:-1] - cu_seqlens[:-1]  # [n] padding before each slot
-    token_stream_position = torch.arange(num_valid_tokens, device=device) + torch.repeat_interleave(
-        slot_shift, seqlens, output_size=num_valid_tokens
+    token_stream_position = torch.arange(num_valid_tokens, device=device) + repeat_runs(
+        slot_shift, seqlens, num_valid_tokens
     )  # [N]
 
     # Inverse maps, with ``source_rows`` as the sink value at padding positions.

@@ -1,0 +1,105 @@
+"""Property tests of the drop-ins at CP=1 against the pure-Python oracle, in this process.
+
+The parallel context verl would read from megatron is replaced by an explicit TP=1, CP=1 context, so these
+run without megatron or verl. (Multi-rank behaviour is covered in real gloo processes by test_verl_equality
+and test_verl_fixes.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests import oracle
+from verl_cppack import ParallelContext
+from verl_cppack.integrations.verl import dropins
+
+masks = st.integers(1, 5).flatmap(
+    lambda rows: st.integers(1, 7).flatmap(
+        lambda columns: st.lists(
+            st.lists(st.integers(0, 1), min_size=columns, max_size=columns), min_size=rows, max_size=rows
+        ).filter(lambda mask: any(map(any, mask)))
+    )
+)
+
+
+@pytest.fixture(autouse=True)
+def single_rank(monkeypatch):
+    monkeypatch.setattr(dropins, "megatron_context", lambda local_cp_size=None: ParallelContext())
+    dropins.clear_plan_caches()
+
+
+def _values(mask: list[list[int]], trailing: int = 2) -> torch.Tensor:
+    rows, columns = len(mask), len(mask[0])
+    return torch.arange(1, rows * columns * trailing + 1).view(rows, columns, trailing)
+
+
+@settings(max_examples=40, deadline=None)
+@given(mask=masks, as_int=st.booleans())
+def test_packed_round_trip_matches_the_oracle(mask, as_int):
+    attention_mask = torch.tensor(mask) if as_int else torch.tensor(mask, dtype=torch.bool)
+    x = _values(mask)
+    packed, params = dropins.preprocess_packed_seqs(x, attention_mask)
+    stream = oracle.stream_of_rows(mask, [sum(row) for row in mask])
+    expected = torch.stack([x[row, column] for row, column in stream]).unsqueeze(0)
+    assert torch.equal(packed, expected)
+    assert params.cu_seqlens_q_padded.tolist() == oracle.offsets([sum(row) for row in mask])
+    back = dropins.postprocess_packed_seqs(packed, params, attention_mask, *attention_mask.shape)
+    assert torch.equal(back, x * torch.tensor(mask)[..., None])
+
+
+@settings(max_examples=40, deadline=None)
+@given(mask=masks)
+def test_bshd_compaction_left_aligns_every_row(mask):
+    attention_mask = torch.tensor(mask, dtype=torch.bool)
+    x = _values(mask)
+    positions = torch.arange(attention_mask.numel()).view(attention_mask.shape)
+    new_x, new_mask, new_positions = dropins.preprocess_bshd(x, attention_mask, positions)
+    longest = max(sum(row) for row in mask)
+    assert new_x.shape == (len(mask), longest, 2) and new_mask.dtype == torch.bool
+    for row, keep in enumerate(mask):
+        columns = [c for c, value in enumerate(keep) if value]
+        assert new_mask[row].tolist() == [True] * len(columns) + [False] * (longest - len(columns))
+        assert new_x[row, : len(columns)].tolist() == x[row, columns].tolist()
+        assert new_positions[row, : len(columns)].tolist() == positions[row, columns].tolist()
+    back = dropins.postprocess_bshd(new_x, new_mask, attention_mask, len(mask[0]))
+    assert torch.equal(back, x * attention_mask[..., None])
+
+
+@settings(max_examples=40, deadline=None)
+@given(mask=masks.filter(lambda mask: all(map(any, mask))))
+def test_need_roll_gives_each_tokens_successor_in_its_own_sequence(mask):
+    x = _values(mask, trailing=1)[..., 0]
+    nested = torch.nested.nested_tensor([row[torch.tensor(keep, dtype=torch.bool)] for row, keep in zip(x, mask)],
+                                        layout=torch.jagged)
+    rolled, _, positions = dropins.preprocess_thd_engine(nested, need_roll=True)
+    expected, expected_positions = [], []
+    for row, keep in enumerate(mask):
+        tokens = [x[row, c].item() for c, value in enumerate(keep) if value]
+        expected += tokens[1:] + tokens[:1]
+        expected_positions += list(range(len(tokens)))
+    assert rolled[0].tolist() == expected
+    assert positions[0].tolist() == expected_positions
+    back = dropins.postprocess_thd_engine(rolled, dropins.preprocess_thd_engine(nested)[1], nested, len(mask))
+    assert back.values().tolist() == expected
+
+
+def test_plan_cache_reuses_a_plan_until_the_mask_changes_or_dies():
+    from verl_cppack.integrations.verl.plan_cache import TensorKeyedCache
+
+    cache, built = TensorKeyedCache(capacity=2), []
+    mask = torch.ones(2, 3, dtype=torch.bool)
+
+    def build():
+        built.append(1)
+        return len(built)
+
+    assert cache.get_or_build(mask, "k", build) == 1
+    assert cache.get_or_build(mask, "k", build) == 1  # same tensor, same version: reused
+    assert cache.get_or_build(mask.clone(), "k", build) == 2  # equal values, another tensor: rebuilt
+    mask[0, 0] = False  # in-place edit bumps the version
+    assert cache.get_or_build(mask, "k", build) == 3
+    del mask
+    assert len(cache._entries) == 0  # entries die with their source tensor

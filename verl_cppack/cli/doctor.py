@@ -1,0 +1,138 @@
+"""``verl-cppack doctor``: versions, the verl util API generation, and whether (and where) the patch is in.
+
+By default nothing heavy is imported: versions come from package metadata and the verl API generation from
+the source of ``verl/models/mcore/util.py`` (read with ``ast``). ``--verify`` installs the patch in this
+process, imports verl's caller modules and lists which of them now hold the drop-ins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+DISTRIBUTIONS = {
+    "torch": ("torch",),
+    "verl": ("verl",),
+    "megatron-core": ("megatron-core", "megatron_core"),
+    "transformer-engine": ("transformer-engine", "transformer_engine", "transformer-engine-torch"),
+    "flash-attn": ("flash-attn", "flash_attn"),
+    "verl-cppack": ("verl-cppack", "verl_cppack"),
+}
+CALLER_MODULES = (
+    "verl.models.mcore.model_forward",
+    "verl.models.mcore.model_forward_fused",
+    "verl.models.mcore.model_forward_1f1b_overlap",
+    "verl.utils.megatron.router_replay_utils",
+    "verl.trainer.distillation.megatron.losses",
+)
+
+
+def installed_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for label, names in DISTRIBUTIONS.items():
+        versions[label] = None
+        for name in names:
+            try:
+                versions[label] = importlib.metadata.version(name)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return versions
+
+
+def util_source_path() -> Path | None:
+    """``verl/models/mcore/util.py`` without importing verl (``find_spec`` of a top-level name imports nothing)."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "models" / "mcore" / "util.py"
+    return path if path.is_file() else None
+
+
+def generation_from_source(path: Path) -> dict[str, Any]:
+    """The API generation (see ``patching.detect_generation``) and the util names, read from source."""
+    tree = ast.parse(path.read_text())
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    if "preprocess_thd_engine" in functions:
+        generation = "engine"
+    elif "preprocess_thd_no_padding" in functions:
+        arguments = {a.arg for a in functions["preprocess_thd_no_padding"].args.args}
+        generation = "no_padding" if "use_fp8_padding" in arguments else "no_padding_pair"
+    else:
+        generation = "legacy"
+    from verl_cppack.integrations.verl.patching import DROPINS
+
+    return {"generation": generation, "util": str(path), "replaceable": sorted(set(DROPINS) & set(functions))}
+
+
+def collect(verify: bool) -> dict[str, Any]:
+    from verl_cppack.integrations.verl import patching
+
+    report: dict[str, Any] = {"versions": installed_versions()}
+    path = util_source_path()
+    report["verl_util"] = generation_from_source(path) if path is not None else None
+    report["environment"] = {
+        name: os.environ.get(name) for name in ("VERL_USE_EXTERNAL_MODULES", patching.DISABLE_ENV)
+    }
+    if verify and path is not None:
+        report["install_returned"] = patching.install()
+        report["import_errors"] = {}
+        for module in CALLER_MODULES:
+            try:
+                importlib.import_module(module)
+            except Exception as error:  # noqa: BLE001 - report which caller could not be imported here
+                report["import_errors"][module] = f"{type(error).__name__}: {error}"
+    report["patch"] = patching.status()
+    return report
+
+
+def _print_human(report: dict[str, Any]) -> None:
+    print("versions:")
+    for name, version in report["versions"].items():
+        print(f"  {name:20s} {version or 'not installed'}")
+    util = report["verl_util"]
+    if util is None:
+        print("verl util: not found (verl not installed)")
+    else:
+        print(f"verl util API generation: {util['generation']}  ({util['util']})")
+        print(f"  replaceable names: {', '.join(util['replaceable'])}")
+    print("environment: " + ", ".join(f"{k}={v!r}" for k, v in report["environment"].items()))
+    patch = report["patch"]
+    print(f"patch installed in this process: {patch['installed']} (generation {patch['generation']})")
+    for module, names in patch["covered"].items():
+        print(f"  {module}: {', '.join(names)}")
+    for module, error in report.get("import_errors", {}).items():
+        print(f"  could not import {module}: {error}")
+    if not patch["installed"]:
+        print("turn it on with actor_rollout_ref.model.external_lib=verl_cppack.verl_plugin "
+              "(or VERL_USE_EXTERNAL_MODULES=verl_cppack.verl_plugin); check with `verl-cppack doctor --verify`")
+
+
+def run(args: argparse.Namespace) -> int:
+    report = collect(args.verify)
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        _print_human(report)
+    if args.verify:
+        util = report["verl_util"]
+        missing = [] if util is None else [
+            module for module in CALLER_MODULES
+            if module not in report["patch"]["covered"] and module not in report["import_errors"]
+        ]
+        return 1 if util is None or missing or not report["patch"]["installed"] else 0
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("doctor", help="versions, verl API generation, and where the verl patch is installed")
+    parser.add_argument("--verify", action="store_true", help="install the patch here, import verl's callers, list coverage")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)

@@ -1,0 +1,42 @@
+"""verl integration: drop-in util functions and the patch that puts them into verl (see ``patching``)."""
+
+from verl_cppack.integrations.verl.dropins import (
+    clear_plan_caches,
+    postprocess_bshd,
+    postprocess_bshd_engine,
+    postprocess_bshd_no_padding,
+    postprocess_packed_seqs,
+    postprocess_packed_seqs_for_dict_output,
+    postprocess_thd_engine,
+    postprocess_thd_no_padding,
+    preprocess_bshd,
+    preprocess_bshd_engine,
+    preprocess_bshd_no_padding,
+    preprocess_packed_seqs,
+    preprocess_thd_engine,
+    preprocess_thd_no_padding,
+)
+from verl_cppack.integrations.verl.patching import DROPINS, install, is_installed, originals, status, uninstall
+
+__all__ = [
+    "DROPINS",
+    "clear_plan_caches",
+    "install",
+    "is_installed",
+    "originals",
+    "postprocess_bshd",
+    "postprocess_bshd_engine",
+    "postprocess_bshd_no_padding",
+    "postprocess_packed_seqs",
+    "postprocess_packed_seqs_for_dict_output",
+    "postprocess_thd_engine",
+    "postprocess_thd_no_padding",
+    "preprocess_bshd",
+    "preprocess_bshd_engine",
+    "preprocess_bshd_no_padding",
+    "preprocess_packed_seqs",
+    "preprocess_thd_engine",
+    "preprocess_thd_no_padding",
+    "status",
+    "uninstall",
+]

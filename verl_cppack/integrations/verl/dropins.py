@@ -1,0 +1,445 @@
+"""Drop-in replacements for ``verl.models.mcore.util``: verl's signatures and return conventions, the core plan inside.
+
+Every function reads TP/CP from ``megatron.core.parallel_state`` as verl does, builds (or reuses) one
+``PackPlan`` and applies it: ``pack`` for the preprocess side, ``unpack`` / ``unpack_nested`` (one
+all-gather, gradient only into this rank's chunk — verl's contract) for the postprocess side.
+
+Equal to verl 0.9.1 wherever verl is right (values, dtypes, ``PackedSeqParams`` fields, gradients); where it
+is not, these functions do the right thing:
+
+- integer (0/1) attention masks select the tokens where the mask is 1 (verl indexes positions 0 and 1);
+- trailing dimensions (``[B, S, 3]`` position ids, ``[B, S, L, k]`` router indices, ``[B, S, H]``
+  embeddings) pass through every path, dtypes are kept (no float32 upcast of nested CP outputs);
+- short sequences and FP8 padding under CP follow the core's exact layout;
+- ``need_roll`` wraps *inside each sequence* on every path and CP size: the last real token's target is the
+  sequence's own first token (verl gives padding, the next sequence's first token at CP=1, or the first
+  token, depending on layout and rank). Every other position is equal to verl.
+- position ids returned by ``preprocess_thd_engine`` are the offset inside the sequence at real tokens and
+  0 at padding (verl leaves slot offsets in the padding of the first zigzag chunk only); with ``need_roll``
+  they stay the positions of the rows themselves (verl's are rolled, except at chunk ends; every caller
+  discards them).
+
+Cost: one device->host sync the first time a mask (or a nested batch's offsets) is seen — the plan is then
+reused by every call of the micro-batch (inputs, labels, masks, the gather-backs); no Python loop over
+sequences. ``preprocess_bshd_engine`` needs one more sync (the longest sequence) unless
+``forced_max_seqlen`` is given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from verl_cppack.context import ParallelContext
+from verl_cppack.core.alignment import Alignment
+from verl_cppack.core.checks import require_tensor
+from verl_cppack.integrations.verl.plan_cache import TensorKeyedCache, attach_plan, attached_plan
+from verl_cppack.integrations.verl.policies import (
+    check_layout,
+    engine_bshd_row_length,
+    engine_thd_alignment,
+    megatron_context,
+)
+from verl_cppack.packing.plan import PackPlan, plan_from_lengths, plan_from_mask, plan_from_nested
+
+_MASK_PLANS = TensorKeyedCache()  # attention mask -> plan
+_NESTED_PLANS = TensorKeyedCache()  # nested offsets -> plan / longest sequence
+_BSHD_MASKS = TensorKeyedCache()  # mask returned by a bshd preprocess -> how to undo it
+
+
+# ====================================================================== helpers
+def _check_mask(attention_mask: object) -> torch.Tensor:
+    mask = require_tensor("attention_mask", attention_mask)
+    if mask.is_nested or mask.dim() != 2:
+        raise ValueError(f"attention_mask must be a 2-D [B, S] tensor, got shape {tuple(mask.shape)}")
+    return mask
+
+
+def _mask_plan(attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment | None, fp8: bool) -> PackPlan:
+    key = (ctx, alignment, fp8)
+    return _MASK_PLANS.get_or_build(
+        attention_mask, key, lambda: plan_from_mask(attention_mask, ctx, alignment=alignment, fp8=fp8)
+    )
+
+
+def _check_nested(name: str, value: object) -> torch.Tensor:
+    tensor = require_tensor(name, value)
+    if not tensor.is_nested or tensor.layout != torch.jagged:
+        raise TypeError(f"{name} must be a jagged nested tensor [B, j, *] (torch.nested, layout=torch.jagged)")
+    return tensor
+
+
+def _nested_plan(nested: torch.Tensor, ctx: ParallelContext, layout: str, alignment: Alignment) -> PackPlan:
+    return _NESTED_PLANS.get_or_build(
+        nested.offsets(), (ctx, layout, alignment), lambda: plan_from_nested(nested, ctx, layout=layout, alignment=alignment)
+    )
+
+
+def _packed_seq_params(plan: PackPlan, source: torch.Tensor) -> Any:
+    return attach_plan(plan.packed_seq_params(), plan, source)
+
+
+def _require_same_stream(plan: PackPlan, packed_seq_params: Any) -> PackPlan:
+    """One sync: the plan's padded offsets must be the ones ``packed_seq_params`` carries."""
+    given = getattr(packed_seq_params, "cu_seqlens_q_padded", None)
+    if given is None:
+        given = packed_seq_params.cu_seqlens_q
+    if given.shape != plan.cu_seqlens_padded.shape or not torch.equal(
+        given.to(device=plan.cu_seqlens_padded.device, dtype=plan.cu_seqlens_padded.dtype), plan.cu_seqlens_padded
+    ):
+        raise ValueError(
+            "packed_seq_params does not describe this batch (its cu_seqlens_q_padded differ from the batch's "
+            "padded offsets); pass the packed_seq_params the matching preprocess call returned"
+        )
+    return plan
+
+
+def _replan(packed_seq_params: Any, candidates: list[tuple[ParallelContext, Any]], build) -> PackPlan:
+    """Rebuild the plan of a ``packed_seq_params`` we did not make (or for another mask tensor)."""
+    errors = []
+    for ctx, alignment in candidates:
+        try:
+            return _require_same_stream(build(ctx, alignment), packed_seq_params)
+        except ValueError as error:  # try the next padding policy
+            errors.append(str(error))
+    raise ValueError(errors[-1])
+
+
+# ============================================================ padded (legacy) API
+def preprocess_packed_seqs(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, pre_process: bool = True, use_fp8_padding: bool = False
+) -> tuple[torch.Tensor, Any]:
+    """``[B, S, *]`` + mask ``[B, S]`` -> (``[1, T/CP, *]`` this rank's packed rows, ``PackedSeqParams``)."""
+    mask = _check_mask(attention_mask)
+    plan = _mask_plan(mask, megatron_context(), None, bool(use_fp8_padding))
+    packed_seq_params = _packed_seq_params(plan, mask)
+    if not pre_process:
+        return input_ids, packed_seq_params
+    return plan.pack(input_ids), packed_seq_params
+
+
+def _plan_for_mask(packed_seq_params: Any, attention_mask: torch.Tensor) -> PackPlan:
+    plan, same_source = attached_plan(packed_seq_params, attention_mask)
+    if plan is not None and same_source:
+        return plan
+    ctx = plan.ctx if plan is not None else megatron_context()
+    candidates = [(ctx, plan.alignment)] if plan is not None else []
+    candidates += [(ctx, alignment) for alignment in _legacy_alignments(ctx)]
+    return _replan(packed_seq_params, candidates, lambda c, a: _mask_plan(attention_mask, c, a, False))
+
+
+def _legacy_alignments(ctx: ParallelContext) -> list[Alignment]:
+    base = ctx.tp_size * ctx.cp_size * 2 if ctx.cp_size > 1 else ctx.tp_size
+    return [Alignment.per_slot(base), Alignment.fp8(base)]
+
+
+def postprocess_packed_seqs(
+    output: torch.Tensor,
+    packed_seq_params: Any,
+    attention_mask: torch.Tensor,
+    batch_size: int,
+    seq_len: int,
+    post_process: bool = True,
+) -> torch.Tensor:
+    """This rank's ``[1, T/CP, *]`` output -> ``[B, S, *]`` on every CP rank (zeros at padding, dtype kept)."""
+    if not post_process:
+        return output
+    mask = _check_mask(attention_mask)
+    if (batch_size, seq_len) != tuple(mask.shape):
+        raise ValueError(f"batch_size, seq_len = {(batch_size, seq_len)} must match attention_mask {tuple(mask.shape)}")
+    return _plan_for_mask(packed_seq_params, mask).unpack(output)
+
+
+def postprocess_packed_seqs_for_dict_output(
+    labels_mask: torch.Tensor,
+    output: Any,
+    packed_seq_params: Any,
+    attention_mask: torch.Tensor,
+    batch_size: int,
+    seq_len: int,
+    post_process: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Fused-kernel outputs (``entropy``, ``log_probs`` [1, T/CP]) -> ``{"entropy", "log_probs"}`` ``[B, S]``.
+
+    Like verl it rewrites ``output.entropy`` / ``output.log_probs`` as ``[1, T/CP]`` views, log-probs zeroed
+    where ``labels_mask`` is False.
+    """
+    output.entropy = output.entropy.view(1, -1)
+    output.log_probs = output.log_probs.view(1, -1).masked_fill(~labels_mask, 0.0)
+    return {
+        name: postprocess_packed_seqs(
+            getattr(output, name), packed_seq_params, attention_mask, batch_size, seq_len, post_process=post_process
+        )
+        for name in ("entropy", "log_probs")
+    }
+
+
+# ----------------------------------------------------------------- padded BSHD
+class _Compaction:
+    """How ``preprocess_bshd`` moved the real tokens of a ``[B, S]`` mask to the left of ``[B, L]`` rows."""
+
+    def __init__(self, plan: PackPlan, row_length: int) -> None:
+        self.plan = plan  # CP=1, unaligned: the stream is the real tokens, sequences in order
+        self.row_length = row_length  # L
+        self.compact_index = plan.local_slot * row_length + plan.local_position_ids  # [N] flat [B*L] position
+
+    def to_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, S, *]`` -> ``[B, L, *]``: real tokens left-aligned, zeros after."""
+        tokens = self.plan.pack(x)[0]  # [N, *]
+        rows = tokens.new_zeros((self.plan.batch_size * self.row_length, *tokens.shape[1:]))
+        return rows.index_copy(0, self.compact_index, tokens).view(self.plan.batch_size, self.row_length, *tokens.shape[1:])
+
+    def from_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[B, L, *]`` -> ``[B, S, *]`` (inverse of ``to_rows`` on the real tokens, zeros at padding)."""
+        flat = rows.reshape(self.plan.batch_size * self.row_length, *rows.shape[2:])
+        return self.plan.restore([flat.index_select(0, self.compact_index).unsqueeze(0)])
+
+
+def _compaction(attention_mask: torch.Tensor, row_multiple: int) -> _Compaction:
+    def build() -> _Compaction:
+        plan = plan_from_mask(attention_mask, ParallelContext(), alignment=1)
+        return _Compaction(plan, -(-plan.max_seqlen // row_multiple) * row_multiple)
+
+    return _MASK_PLANS.get_or_build(attention_mask, ("compaction", row_multiple), build)
+
+
+def preprocess_bshd(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    sequence_parallel: bool = False,
+    pre_process: bool = True,
+):
+    """Remove the padding of each row: ``(input_ids [B, L, *], attention_mask [B, L], position_ids [B, L])``.
+
+    ``L`` is the longest row (rounded up to TP with sequence parallelism). CP must be 1, as in verl.
+    """
+    mask = _check_mask(attention_mask)
+    position_ids = require_tensor("position_ids", position_ids)
+    if position_ids.dim() != 2:
+        raise ValueError(f"position_ids must be 2-D [B, S], got shape {tuple(position_ids.shape)}")
+    ctx = megatron_context()
+    if ctx.cp_size != 1:
+        raise ValueError(f"preprocess_bshd needs context parallel size 1 (got {ctx.cp_size}); use the THD path")
+    compaction = _compaction(mask, ctx.tp_size if sequence_parallel else 1)
+    valid = mask != 0
+    new_mask = compaction.to_rows(valid).to(mask.dtype)  # [B, L], 1 at real tokens (verl: the mask's own values)
+    _BSHD_MASKS.store(new_mask, "compaction", (mask, compaction))
+    new_position_ids = compaction.to_rows(position_ids)
+    new_input_ids = compaction.to_rows(input_ids) if pre_process else input_ids
+    return new_input_ids, new_mask, new_position_ids
+
+
+def postprocess_bshd(
+    result: torch.Tensor,
+    attention_mask: torch.Tensor,
+    original_attention_mask: torch.Tensor,
+    origin_seqlen: int,
+    post_process: bool = True,
+):
+    """Undo ``preprocess_bshd``: ``[B, L, *]`` -> ``[B, origin_seqlen, *]``, zeros at the original padding."""
+    if not post_process:
+        return result
+    mask, original = _check_mask(attention_mask), _check_mask(original_attention_mask)
+    if original.shape[1] != origin_seqlen:
+        raise ValueError(f"origin_seqlen ({origin_seqlen}) must equal original_attention_mask.shape[1] ({original.shape[1]})")
+    if tuple(result.shape[:2]) != tuple(mask.shape):
+        raise ValueError(f"result.shape[:2] {tuple(result.shape[:2])} must equal attention_mask.shape {tuple(mask.shape)}")
+    record = _BSHD_MASKS.lookup(mask, "compaction")
+    if record is not None and record[0] is original:
+        return record[1].from_rows(result)
+    # A mask we did not make: both masks must hold the same number of real tokens per row (one sync).
+    source = plan_from_mask(mask, ParallelContext(), alignment=1)
+    target = plan_from_mask(original, ParallelContext(), alignment=1)
+    if source.batch_size != target.batch_size or not torch.equal(source.seqlens, target.seqlens):
+        raise ValueError("attention_mask and original_attention_mask must have the same number of real tokens per row")
+    return target.restore([source.pack(result)])
+
+
+# ============================================================ nested (engine) API
+def preprocess_thd_engine(
+    input_ids: torch.Tensor,
+    pre_process: bool = True,
+    need_roll: bool = False,
+    use_fp8_padding: bool = False,
+    local_cp_size: int | None = None,
+    min_local_rows: int | None = None,
+    pad_to_length_bucket: int | None = None,
+    cp_layout: str = "zigzag",
+) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
+    """Jagged ``[B, j, *]`` -> (``[1, T/CP, *]`` local rows, ``PackedSeqParams``, ``[1, T/CP]`` position ids).
+
+    ``need_roll=True`` packs each token's successor inside its sequence (labels), wrapping at the end.
+    With ``pre_process=False`` returns ``(input_ids, PackedSeqParams, None)``.
+    """
+    layout = check_layout(cp_layout)
+    nested = _check_nested("input_ids", input_ids)
+    ctx = megatron_context(local_cp_size)
+    alignment = engine_thd_alignment(ctx, layout, bool(use_fp8_padding), min_local_rows, pad_to_length_bucket)
+    plan = _nested_plan(nested, ctx, layout, alignment)
+    packed_seq_params = _packed_seq_params(plan, nested.offsets())
+    if local_cp_size is not None:
+        packed_seq_params.local_cp_size = local_cp_size
+        packed_seq_params.cp_group = ctx.cp_group
+    if not pre_process:
+        return input_ids, packed_seq_params, None
+    packed = plan.pack(nested, shift=1 if need_roll else 0, wrap=bool(need_roll))  # [1, T/CP, *]
+    position_ids = plan.local_position_ids.masked_fill(~plan.local_valid_mask, 0)  # [T/CP]
+    return packed, packed_seq_params, position_ids.unsqueeze(0)
+
+
+def _plan_for_nested(packed_seq_params: Any, nested: torch.Tensor, local_cp_size: int | None, layout: str) -> PackPlan:
+    offsets = nested.offsets()
+    plan, same_source = attached_plan(packed_seq_params, offsets)
+    if plan is not None and plan.layout.name != layout:
+        raise ValueError(f"cp_layout={layout!r} but packed_seq_params were made with the {plan.layout.name!r} layout")
+    if plan is not None and same_source:
+        return plan
+    if plan is not None:
+        ctx, candidates = plan.ctx, [plan.alignment]
+    else:
+        if local_cp_size is not None:  # verl: the dynamic-CP group travels on packed_seq_params
+            import torch.distributed as dist
+
+            group = packed_seq_params.cp_group
+            ctx = ParallelContext(megatron_context().tp_size, local_cp_size, dist.get_rank(group=group), group)
+        else:
+            ctx = megatron_context()
+        candidates = [engine_thd_alignment(ctx, layout, fp8, None, None) for fp8 in (False, True)]
+    return _replan(
+        packed_seq_params, [(ctx, a) for a in candidates], lambda c, a: _nested_plan(nested, c, layout, a)
+    )
+
+
+def postprocess_thd_engine(
+    output: torch.Tensor,
+    packed_seq_params: Any,
+    input_ids: torch.Tensor,
+    batch_size: int,
+    post_process: bool = True,
+    local_cp_size: int | None = None,
+    cp_layout: str = "zigzag",
+) -> torch.Tensor:
+    """This rank's ``[1, T/CP, *]`` output -> jagged ``[B, j, *]`` of the real tokens on every CP rank."""
+    layout = check_layout(cp_layout)
+    if not post_process:
+        return output
+    nested = _check_nested("input_ids", input_ids)
+    if batch_size != nested.size(0):
+        raise ValueError(f"batch_size ({batch_size}) must equal the number of sequences in input_ids ({nested.size(0)})")
+    return _plan_for_nested(packed_seq_params, nested, local_cp_size, layout).unpack_nested(output)
+
+
+def _longest(nested: torch.Tensor) -> int:
+    offsets = nested.offsets()
+    return _NESTED_PLANS.get_or_build(offsets, "longest", lambda: int(offsets.diff().max()))
+
+
+def preprocess_bshd_engine(
+    input_ids: torch.Tensor,
+    pre_process: bool = True,
+    need_roll: bool = False,
+    use_fp8_padding: bool = False,
+    forced_max_seqlen: int | None = None,
+):
+    """Jagged ``[B, j, *]`` -> (``[B, M/CP, *]``, attention mask ``[B, M/CP]`` bool, position ids ``[B, M/CP]``).
+
+    Every row is padded to ``M`` (the longest sequence or ``forced_max_seqlen``, aligned as verl does) and
+    cut zigzag for CP: a THD plan whose slots all have length ``M``. ``pre_process`` is accepted and ignored,
+    as in verl.
+    """
+    nested = _check_nested("input_ids", input_ids)
+    ctx = megatron_context()
+    batch_size = nested.size(0)
+    longest = _longest(nested) if forced_max_seqlen is None else forced_max_seqlen
+    row_length = engine_bshd_row_length(ctx, batch_size, longest, bool(use_fp8_padding))
+    plan = _nested_plan(nested, ctx, "zigzag", Alignment.per_slot(row_length))
+    if plan.total_length != batch_size * row_length:
+        raise ValueError(
+            f"every sequence must hold 1..{row_length} tokens for the BSHD layout (forced_max_seqlen="
+            f"{forced_max_seqlen}, longest sequence {plan.max_seqlen}); drop empty sequences or raise forced_max_seqlen"
+        )
+    local_rows = row_length // ctx.cp_size
+    packed = plan.pack(nested, shift=1 if need_roll else 0, wrap=bool(need_roll))[0]  # [B*M/CP, *]
+    attention_mask = plan.local_valid_mask.view(batch_size, local_rows)
+    _BSHD_MASKS.store(attention_mask, "engine", plan)
+    position_ids = plan.local_position_ids.view(batch_size, local_rows)
+    return packed.view(batch_size, local_rows, *packed.shape[1:]), attention_mask, position_ids
+
+
+def _plan_for_bshd_mask(attention_mask: torch.Tensor) -> PackPlan:
+    plan = _BSHD_MASKS.lookup(attention_mask, "engine")
+    if plan is not None:
+        return plan
+    # A mask we did not make: rebuild from the real-token counts (one all-reduce over CP, one sync).
+    ctx = megatron_context()
+    batch_size, local_rows = attention_mask.shape
+    seqlens = (attention_mask != 0).sum(dim=1)
+    if ctx.cp_size > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(seqlens, group=ctx.cp_group)
+    row_length = local_rows * ctx.cp_size
+    plan = plan_from_lengths(seqlens, ctx, alignment=Alignment.per_slot(row_length))
+    if plan.total_length != batch_size * row_length or not torch.equal(
+        plan.local_valid_mask.view(batch_size, local_rows), attention_mask != 0
+    ):
+        raise ValueError(
+            "attention_mask is not a BSHD mask preprocess_bshd_engine could have made (each row's real tokens must "
+            "open the row before the zigzag cut); pass the mask preprocess_bshd_engine returned"
+        )
+    return plan
+
+
+def postprocess_bshd_engine(output: torch.Tensor, attention_mask: torch.Tensor, post_process: bool = True) -> torch.Tensor:
+    """This rank's ``[B, M/CP, *]`` output -> jagged ``[B, j, *]`` of the real tokens on every CP rank."""
+    if not post_process:
+        return output
+    mask = _check_mask(attention_mask)
+    output = require_tensor("output", output)
+    if tuple(output.shape[:2]) != tuple(mask.shape):
+        raise ValueError(f"output.shape[:2] {tuple(output.shape[:2])} must equal attention_mask.shape {tuple(mask.shape)}")
+    batch_size, local_rows = mask.shape
+    return _plan_for_bshd_mask(mask).unpack_nested(output.reshape(1, batch_size * local_rows, *output.shape[2:]))
+
+
+# ================================================================ verl 0.7 names
+def preprocess_thd_no_padding(
+    input_ids: torch.Tensor, pre_process: bool = True, need_roll: bool = False, use_fp8_padding: bool = False
+) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
+    """verl 0.7.1 name of ``preprocess_thd_engine`` (zigzag layout); returns the 3-tuple."""
+    return preprocess_thd_engine(input_ids, pre_process=pre_process, need_roll=need_roll, use_fp8_padding=use_fp8_padding)
+
+
+def preprocess_thd_no_padding_pair(
+    input_ids: torch.Tensor, pre_process: bool = True, need_roll: bool = False
+) -> tuple[torch.Tensor, Any]:
+    """verl 0.7.0's ``preprocess_thd_no_padding``: the 2-tuple ``(packed, PackedSeqParams)``."""
+    packed, packed_seq_params, _ = preprocess_thd_engine(input_ids, pre_process=pre_process, need_roll=need_roll)
+    return packed, packed_seq_params
+
+
+def postprocess_thd_no_padding(
+    output: torch.Tensor, packed_seq_params: Any, input_ids: torch.Tensor, batch_size: int, post_process: bool = True
+) -> torch.Tensor:
+    """verl 0.7 name of ``postprocess_thd_engine`` (zigzag layout)."""
+    return postprocess_thd_engine(output, packed_seq_params, input_ids, batch_size, post_process=post_process)
+
+
+def preprocess_bshd_no_padding(
+    input_ids: torch.Tensor, pre_process: bool = True, need_roll: bool = False, use_fp8_padding: bool = False
+):
+    """verl 0.7 name of ``preprocess_bshd_engine``."""
+    return preprocess_bshd_engine(input_ids, pre_process=pre_process, need_roll=need_roll, use_fp8_padding=use_fp8_padding)
+
+
+def postprocess_bshd_no_padding(output: torch.Tensor, attention_mask: torch.Tensor, post_process: bool = True) -> torch.Tensor:
+    """verl 0.7 name of ``postprocess_bshd_engine``."""
+    return postprocess_bshd_engine(output, attention_mask, post_process=post_process)
+
+
+def clear_plan_caches() -> None:
+    """Forget every cached plan (tests, or to release memory between steps)."""
+    for cache in (_MASK_PLANS, _NESTED_PLANS, _BSHD_MASKS):
+        cache.clear()

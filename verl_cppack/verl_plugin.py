@@ -1,0 +1,16 @@
+"""Importing this module turns verl_cppack on inside verl (``verl_cppack.integrations.verl.install()``).
+
+Use it as verl's external library, so every worker imports it::
+
+    actor_rollout_ref.model.external_lib=verl_cppack.verl_plugin      # the critic follows the actor's model
+    VERL_USE_EXTERNAL_MODULES=verl_cppack.verl_plugin                 # or through the environment
+
+It imports nothing of verl or megatron (the environment variable runs it while ``verl/__init__`` is still
+importing); verl's util module is patched when it loads. ``VERL_CPPACK_DISABLE=1`` leaves verl untouched.
+"""
+
+from verl_cppack.integrations.verl.patching import install, status, uninstall
+
+INSTALLED = install()
+
+__all__ = ["INSTALLED", "install", "status", "uninstall"]
