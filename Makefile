@@ -2,16 +2,19 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test bench
+.PHONY: setup run test bench demo
 
 setup:
 	bash scripts/bootstrap.sh
 
 run: setup
-	$(VENV)/bin/verl-cppack demo
+	$(VENV)/bin/verl-cppack grpo
 
 test: setup
 	$(PY) -m pytest -q
 
+demo: setup
+	$(VENV)/bin/verl-cppack demo
+
 bench: setup
-	$(PY) benchmarks/bench_core.py
+	$(VENV)/bin/verl-cppack bench
