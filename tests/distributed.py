@@ -1,9 +1,9 @@
-"""Run a function in N real gloo processes on 127.0.0.1 (no mocks) and collect what each rank returns."""
+"""Run a function in N real gloo processes on this machine (no mocks) and collect what each rank returns."""
 
 from __future__ import annotations
 
 import os
-import socket
+import tempfile
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -11,12 +11,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _detached(value: Any) -> Any:
@@ -30,9 +24,9 @@ def _detached(value: Any) -> Any:
     return value
 
 
-def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+def _worker(rank: int, world_size: int, rendezvous: str, fn: Callable, args: tuple, results: Any) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo talks over loopback only
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size)
     try:
         results[rank] = ("ok", _detached(fn(rank, world_size, *args)))
     except BaseException:  # reported to the parent, which raises
@@ -47,10 +41,10 @@ def run_gloo(fn: Callable, world_size: int, *args: Any) -> list[Any]:
 
     ``fn`` must be a module-level function; its return value must be picklable (tensors are fine).
     """
-    port = _free_port()
-    with mp.Manager() as manager:
+    with tempfile.TemporaryDirectory() as folder, mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_worker, args=(world_size, port, fn, args, results), nprocs=world_size, join=True)
+        rendezvous = f"file://{os.path.join(folder, 'rendezvous')}"  # no port to race for
+        mp.spawn(_worker, args=(world_size, rendezvous, fn, args, results), nprocs=world_size, join=True)
         ordered = [results[rank] for rank in range(world_size)]
     errors = [payload for status, payload in ordered if status == "error"]
     if errors:

@@ -145,7 +145,7 @@ def _wall(fn) -> float:
 
 # ------------------------------------------------------------------ one CP group
 def _rank_main(rank: int, cp_size: int, port: int, settings: BenchSettings, queue: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(settings.threads)
     dist.init_process_group("gloo", rank=rank, world_size=cp_size)
     from megatron.core import parallel_state

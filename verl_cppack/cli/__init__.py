@@ -9,6 +9,11 @@ import sys
 # Each module defines ``register(subparsers)`` which adds its parser and sets ``func=callable(args) -> int``.
 SUBCOMMAND_MODULES = (
     "verl_cppack.cli.demo",
+    "verl_cppack.cli.doctor",
+    "verl_cppack.cli.bench",
+    "verl_cppack.cli.grpo",
+    "verl_cppack.cli.ref_logprobs",
+    "verl_cppack.cli.verify_cp",
 )
 
 

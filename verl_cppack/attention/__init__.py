@@ -1,0 +1,62 @@
+"""Causal attention over a packed THD stream, with context parallelism, as a CPU-checkable reference.
+
+- ``reference_attention``: slow per-document oracle on the global stream;
+- ``allgather_kv_attention``: CP by all-gathering K/V (any layout);
+- ``ring_attention``: zigzag ring with TE's three-case schedule and a stable log-sum-exp merge;
+- ``context_parallel_attention``: pick one of the two by name;
+- ``verl_cppack.attention.core_attention``: the Megatron ``core_attention`` module using them (and
+  Transformer Engine's attention instead when CUDA and TE are present).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from verl_cppack.attention.allgather import allgather_kv_attention
+from verl_cppack.attention.reference import reference_attention
+from verl_cppack.attention.ring import ring_attention
+from verl_cppack.context import ParallelContext
+from verl_cppack.core.layouts import Layout, LayoutName, get_layout
+
+AttentionImplementation = Literal["allgather", "ring"]
+IMPLEMENTATIONS: tuple[str, ...] = ("allgather", "ring")
+
+
+def context_parallel_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor,
+    ctx: ParallelContext,
+    *,
+    implementation: AttentionImplementation = "allgather",
+    cu_seqlens: torch.Tensor | None = None,
+    layout: LayoutName | Layout = "zigzag",
+    softmax_scale: float | None = None,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
+    """Local q ``[t, h, d]``, k/v ``[t, g, d]`` -> ``[t, h, d]``; see ``allgather_kv_attention``."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    if implementation == "ring":
+        if ctx.cp_size > 1 and get_layout(layout).name != "zigzag":
+            raise ValueError(f"ring attention needs the zigzag layout, got {get_layout(layout).name!r}; use 'allgather'")
+        return ring_attention(
+            q, k, v, cu_seqlens_padded, ctx, cu_seqlens=cu_seqlens, softmax_scale=softmax_scale, max_seqlen=max_seqlen
+        )
+    return allgather_kv_attention(
+        q, k, v, cu_seqlens_padded, ctx,
+        cu_seqlens=cu_seqlens, layout=layout, softmax_scale=softmax_scale, max_seqlen=max_seqlen,
+    )  # fmt: skip
+
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "AttentionImplementation",
+    "allgather_kv_attention",
+    "context_parallel_attention",
+    "reference_attention",
+    "ring_attention",
+]

@@ -1,0 +1,55 @@
+"""CP attention by all-gathering K/V: exact and simple.
+
+Each rank gathers every rank's K/V (one collective, rank-major), places every key on the global stream
+through the layout's partition, and attends its local queries against all of them. The backward of the
+gather sums the K/V gradients over the CP group and keeps this rank's rows (``all_gather_rank_major``
+with ``gradient="sum"``), which is exactly the gradient of the global computation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from verl_cppack.attention.blocks import expand_groups, slot_attention
+from verl_cppack.attention.coordinates import coordinates_of, rank_partition
+from verl_cppack.attention.inputs import attention_lengths, batch_width, check_offsets, check_qkv
+from verl_cppack.collectives.gather import all_gather_rank_major
+from verl_cppack.context import ParallelContext
+from verl_cppack.core.layouts import Layout, LayoutName
+
+
+def allgather_kv_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor,
+    ctx: ParallelContext,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    layout: LayoutName | Layout = "zigzag",
+    softmax_scale: float | None = None,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
+    """Local q ``[t, h, d]``, k/v ``[t, g, d]`` (this rank's rows of the padded stream cut by ``layout``)
+    -> ``[t, h, d]`` in q's dtype. ``cu_seqlens_padded`` is global; ``cu_seqlens`` (optional) gives the
+    per-slot attention lengths (default: whole slots, verl's convention); ``max_seqlen`` their maximum
+    (Megatron's ``max_seqlen_q``; computed with one host sync when omitted). ``cp_size * t`` must equal
+    ``cu_seqlens_padded[-1]`` (not checked: it would cost a host sync per layer)."""
+    check_qkv(q, k, v)
+    check_offsets(cu_seqlens_padded, cu_seqlens, q.device)
+    rows, num_heads, head_dim = q.shape
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+
+    partition = rank_partition(cu_seqlens_padded, rows, ctx.cp_size, layout)  # [cp, t]
+    query = coordinates_of(partition[ctx.cp_rank], cu_seqlens_padded)
+    key = coordinates_of(partition.reshape(-1), cu_seqlens_padded)  # rank-major, like the gather
+    kv = all_gather_rank_major(torch.cat([k, v], dim=-1), ctx, gradient="sum")  # [cp*t, g, 2d]
+    all_k, all_v = kv.split(head_dim, dim=-1)
+    lengths = attention_lengths(cu_seqlens_padded, cu_seqlens)  # [n]
+    out, _ = slot_attention(
+        q, expand_groups(all_k, num_heads), expand_groups(all_v, num_heads), query, key,
+        lengths, batch_width(lengths, max_seqlen), scale, with_lse=False,
+    )  # fmt: skip
+    return out.to(q.dtype)

@@ -1,0 +1,110 @@
+"""Zigzag ring attention: K/V travel around the CP ring by point-to-point send/recv.
+
+Transformer Engine's schedule for the zigzag ("DualChunkSwap") layout, where rank ``r`` holds chunks
+``r`` and ``2*CP-1-r`` of every slot. At step ``i`` rank ``r`` holds the K/V of rank ``s = (r - i) mod CP``:
+
+- ``i == 0`` (diagonal): all local queries against all local keys, causal inside the slot;
+- ``0 < i <= r`` (``s < r``): all local queries against the *first* half of the received K/V (chunk
+  ``s`` precedes both local chunks; chunk ``2*CP-1-s`` follows them);
+- ``i > r`` (``s > r``): only the *second* half of the local queries (chunk ``2*CP-1-r``) against all
+  received K/V (both received chunks precede it; chunk ``r`` precedes neither).
+
+Partial results are combined with the numerically stable log-sum-exp merge (``blocks.merge_blocks``).
+The backward is autograd through the blocks and through the ring shift, whose backward sends the K/V
+gradient the other way round the ring (TE's dK/dV ring). Every block still applies the generic
+same-slot/causal/length mask (``blocks.slot_attention``), so slot boundaries and short slots need no
+special case.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from verl_cppack.attention.blocks import expand_groups, merge_blocks, slot_attention
+from verl_cppack.attention.coordinates import coordinates_of, rank_partition, zigzag_half_rows
+from verl_cppack.attention.inputs import attention_lengths, batch_width, check_offsets, check_qkv
+from verl_cppack.context import ParallelContext
+
+
+def _exchange(tensor: torch.Tensor, send_to: int, receive_from: int, parallel: ParallelContext) -> torch.Tensor:
+    """Send ``tensor`` to CP rank ``send_to`` and return what CP rank ``receive_from`` sent us."""
+    group = parallel.cp_group
+    received = torch.empty_like(tensor)
+    operations = [
+        dist.P2POp(dist.isend, tensor.contiguous(), group=group, group_peer=send_to),
+        dist.P2POp(dist.irecv, received, group=group, group_peer=receive_from),
+    ]
+    for work in dist.batch_isend_irecv(operations):
+        work.wait()
+    return received
+
+
+class _RingShift(torch.autograd.Function):
+    """Forward: pass ``x`` to the next CP rank, receive the previous rank's. Backward: the reverse."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, parallel: ParallelContext) -> torch.Tensor:
+        ctx.parallel = parallel
+        rank, size = parallel.cp_rank, parallel.cp_size
+        return _exchange(x.detach(), (rank + 1) % size, (rank - 1) % size, parallel)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        rank, size = ctx.parallel.cp_rank, ctx.parallel.cp_size
+        return _exchange(grad, (rank - 1) % size, (rank + 1) % size, ctx.parallel), None
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor,
+    ctx: ParallelContext,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
+    """Same contract as ``allgather_kv_attention`` with the zigzag layout (the only one a ring supports)."""
+    check_qkv(q, k, v)
+    check_offsets(cu_seqlens_padded, cu_seqlens, q.device)
+    if ctx.cp_size > 1 and ctx.cp_group is None:
+        raise ValueError("ring attention with cp_size > 1 needs ctx.cp_group (e.g. ParallelContext.from_megatron())")
+    rows, num_heads, head_dim = q.shape
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    rank, size = ctx.cp_rank, ctx.cp_size
+
+    lengths = attention_lengths(cu_seqlens_padded, cu_seqlens)  # [n]
+    width = batch_width(lengths, max_seqlen)
+    partition = rank_partition(cu_seqlens_padded, rows, size, "zigzag")  # [cp, t]
+    query = coordinates_of(partition[rank], cu_seqlens_padded)
+    first_half, second_half = zigzag_half_rows(cu_seqlens_padded, rows, size)  # [t/2] each
+
+    kv = torch.cat([k, v], dim=-1)  # [t, g, 2d]: one message per step
+    outs, lses = [], []
+    for step in range(size):
+        if step > 0:
+            kv = _RingShift.apply(kv, ctx)
+        key = coordinates_of(partition[(rank - step) % size], cu_seqlens_padded)
+        if step == 0:
+            query_rows, key_rows = None, None
+        elif step <= rank:
+            query_rows, key_rows = None, first_half
+        else:
+            query_rows, key_rows = second_half, None
+        block_kv = kv if key_rows is None else kv.index_select(0, key_rows)
+        block_key = key if key_rows is None else key.take(key_rows)
+        block_q = q if query_rows is None else q.index_select(0, query_rows)
+        block_query = query if query_rows is None else query.take(query_rows)
+        block_k, block_v = (expand_groups(x, num_heads) for x in block_kv.split(head_dim, dim=-1))
+        out, lse = slot_attention(block_q, block_k, block_v, block_query, block_key, lengths, width, scale)
+        if query_rows is not None:  # back to all local rows; untouched rows saw nothing (lse = -inf)
+            out = out.new_zeros((rows, num_heads, head_dim)).index_copy(0, query_rows, out)
+            lse = lse.new_full((num_heads, rows), float("-inf")).index_copy(1, query_rows, lse)
+        outs.append(out)
+        lses.append(lse)
+    out, _ = merge_blocks(outs, lses)
+    return out.to(q.dtype)

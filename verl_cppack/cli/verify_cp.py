@@ -1,0 +1,264 @@
+"""``verl-cppack verify-cp``: does context parallelism change nothing? CP=N against CP=1 on this machine.
+
+Starts ``cp * tp`` gloo processes on 127.0.0.1. Every process first builds the tiny Megatron GPT at CP=1
+and runs a random rollout-shaped batch (left-padded prompts, right-padded responses, some very short)
+forward and backward; then it rebuilds megatron's parallel state at CP=N, builds the same weights and
+runs the same batch. It compares per-token log-probs, entropy and the CP-all-reduced (summed) weight
+gradients. The forward goes through verl's own ``gptmodel_forward_model_engine`` with verl_cppack's
+drop-ins installed when verl and ``verl_cppack.integrations.verl.install`` are available, else through
+``verl_cppack.logprobs.compute_logprobs`` (``used_verl_forward`` says which).
+
+``grad_max_rel_diff`` is the largest, over parameters, of ``max|g_cpN - g_cp1| / max|g_cp1|``.
+Exit status: 0 within tolerance, 1 past tolerance, 2 the check could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import traceback
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+LOGPROB_TOLERANCE = 1e-5  # absolute, fp32
+GRAD_TOLERANCE = 1e-4  # relative, fp32
+VOCAB_SIZE = 97
+
+
+# ----------------------------------------------------------------------------------------- the batch
+def rollout_batch(batch_size: int, prompt_length: int, response_length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ``input_ids``/``attention_mask`` ``[B, P+R]``: left-padded prompts, right-padded responses.
+
+    Row 0 has a 1-token prompt and a 1-token response (shorter than any CP chunk), the others random
+    lengths; every row keeps at least one prompt and one response token.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, VOCAB_SIZE, (batch_size, prompt_length + response_length), generator=generator)
+    prompt_lengths = torch.randint(1, prompt_length + 1, (batch_size,), generator=generator)
+    response_lengths = torch.randint(1, response_length + 1, (batch_size,), generator=generator)
+    prompt_lengths[0] = response_lengths[0] = 1
+    positions = torch.arange(prompt_length + response_length)
+    prompt_mask = (positions < prompt_length) & (positions >= prompt_length - prompt_lengths.unsqueeze(1))
+    response_mask = (positions >= prompt_length) & (positions < prompt_length + response_lengths.unsqueeze(1))
+    return input_ids, prompt_mask | response_mask
+
+
+# ---------------------------------------------------------------------------------------- forwards
+def verl_forward_available() -> bool:
+    """verl installed and verl_cppack's ``install()`` importable (verl itself is imported only in the workers)."""
+    if importlib.util.find_spec("verl") is None:
+        return False
+    try:
+        from verl_cppack.integrations import verl as cppack_verl
+    except ImportError:
+        return False
+    return callable(getattr(cppack_verl, "install", None))
+
+
+PerToken = tuple[torch.Tensor, torch.Tensor]  # (log_probs [N], entropy [N]) at the valid tokens, row order
+
+
+def per_token_ours(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, ctx: Any, layout: str) -> PerToken:
+    """(log_probs ``[N]``, entropy ``[N]``) at the valid tokens in row order, via ``compute_logprobs``."""
+    from verl_cppack.logprobs import compute_logprobs
+
+    log_probs, entropy = compute_logprobs(model, input_ids, mask, ctx, layout=layout, with_entropy=True)
+    return log_probs[mask], entropy[mask]
+
+
+def per_token_verl(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, ctx: Any, layout: str) -> PerToken:
+    """Same through verl's ``gptmodel_forward_model_engine`` (its drop-ins installed by verl_cppack).
+
+    verl rolls labels inside each sequence (``need_roll``), so the last token of a row scores the row's
+    first token; CP=1 and CP=N are compared on exactly that.
+    """
+    from verl_cppack.integrations import verl as cppack_verl
+
+    if not cppack_verl.install():
+        raise RuntimeError("verl_cppack.integrations.verl.install() is disabled (VERL_CPPACK_DISABLE); use --forward ours")
+    from verl.models.mcore import model_forward
+
+    for name in ("preprocess_thd_engine", "postprocess_thd_engine"):
+        if not getattr(model_forward, name).__module__.startswith("verl_cppack."):
+            raise RuntimeError(f"verl's model_forward.{name} is not verl_cppack's drop-in after install()")
+    lengths = mask.sum(dim=1)
+    offsets = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0))
+    nested_ids = torch.nested.nested_tensor_from_jagged(input_ids[mask], offsets=offsets)
+
+    def logits_processor(logits: torch.Tensor, label: torch.Tensor) -> dict[str, torch.Tensor]:
+        log_softmax = torch.log_softmax(logits.float(), dim=-1)  # [1, T_local, V]
+        return {
+            "log_probs": log_softmax.gather(-1, label.long().unsqueeze(-1)).squeeze(-1),
+            "entropy": -(log_softmax.exp() * log_softmax).sum(dim=-1),
+        }
+
+    output = model_forward.gptmodel_forward_model_engine(
+        model, nested_ids, {}, logits_processor=logits_processor, logits_processor_args={"label": nested_ids},
+        cp_layout=layout,
+    )  # fmt: skip
+    return output["log_probs"].values(), output["entropy"].values()
+
+
+# ------------------------------------------------------------------------------------------ worker
+def _run_once(args: argparse.Namespace, cp_size: int, use_verl: bool) -> tuple[torch.Tensor, torch.Tensor, dict, Any]:
+    from verl_cppack.integrations.megatron_model import build_tiny_gpt, init_megatron_parallel
+
+    ctx = init_megatron_parallel(tp_size=args.tp, cp_size=cp_size, seed=args.seed)
+    model = build_tiny_gpt(
+        vocab_size=VOCAB_SIZE, hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2,
+        attention=args.attention, seed=args.seed,
+    )  # fmt: skip
+    input_ids, mask = rollout_batch(args.batch_size, args.prompt_length, args.response_length, args.seed)
+    forward = per_token_verl if use_verl else per_token_ours
+    log_probs, entropy = forward(model, input_ids, mask, ctx, args.layout)  # [N] each
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    weights = torch.randn(2, log_probs.numel(), generator=generator)
+    loss = (log_probs * weights[0]).sum() + (entropy * weights[1]).sum()
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    if ctx.cp_size > 1:  # the gather-back contract: each rank holds its chunk's share; the sum is the whole
+        for grad in grads.values():
+            dist.all_reduce(grad, group=ctx.cp_group)
+    return log_probs.detach(), entropy.detach(), grads, ctx
+
+
+def _compare(args: argparse.Namespace, use_verl: bool) -> dict[str, float]:
+    ref_log_probs, ref_entropy, ref_grads, _ = _run_once(args, 1, use_verl)
+    log_probs, entropy, grads, _ = _run_once(args, args.cp, use_verl)
+    if set(grads) != set(ref_grads):
+        raise RuntimeError(f"parameters with gradients differ between CP=1 and CP={args.cp}")
+    rel = max(
+        ((grads[n] - ref_grads[n]).abs().max() / ref_grads[n].abs().max().clamp(min=1e-30)).item() for n in ref_grads
+    )
+    return {
+        "logprob_max_abs_diff": (log_probs - ref_log_probs).abs().max().item(),
+        "entropy_max_abs_diff": (entropy - ref_entropy).abs().max().item(),
+        "grad_max_rel_diff": rel,
+        "num_tokens": int(ref_log_probs.numel()),
+    }
+
+
+def _worker(rank: int, world_size: int, store_path: str, args: argparse.Namespace, use_verl: bool, results: Any) -> None:
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")  # TE/Apex absent on CPU
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo talks over loopback only
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
+    try:
+        results.put((rank, "ok", _compare(args, use_verl)))
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run_check(args: argparse.Namespace) -> dict[str, Any]:
+    """Spawn the processes, return the JSON report (raises ``RuntimeError`` if a rank failed)."""
+    use_verl = args.forward == "verl" or (args.forward == "auto" and verl_forward_available())
+    world_size = args.cp * args.tp
+    # a file rendezvous: no free-port race with other processes on a busy machine
+    with tempfile.TemporaryDirectory(prefix="verl_cppack_") as rendezvous_dir:
+        store_path = os.path.join(rendezvous_dir, "store")
+        results = mp.get_context("spawn").SimpleQueue()
+        mp.spawn(_worker, args=(world_size, store_path, args, use_verl, results), nprocs=world_size, join=True)
+        per_rank = [results.get() for _ in range(world_size)]
+    errors = [payload for _, status, payload in sorted(per_rank, key=lambda item: item[0]) if status == "error"]
+    if errors:
+        raise RuntimeError("a rank failed:\n" + "\n".join(errors))
+    metrics = [payload for _, _, payload in per_rank]
+    report: dict[str, Any] = {
+        "cp": args.cp,
+        "tp": args.tp,
+        "layout": args.layout,
+        "attention": args.attention,
+        "used_verl_forward": use_verl,
+        "num_tokens": metrics[0]["num_tokens"],
+    }
+    for key in ("logprob_max_abs_diff", "entropy_max_abs_diff", "grad_max_rel_diff"):
+        report[key] = max(m[key] for m in metrics)
+    report["tolerances"] = {"logprob_abs": LOGPROB_TOLERANCE, "entropy_abs": LOGPROB_TOLERANCE, "grad_rel": GRAD_TOLERANCE}
+    report["passed"] = (
+        report["logprob_max_abs_diff"] <= LOGPROB_TOLERANCE
+        and report["entropy_max_abs_diff"] <= LOGPROB_TOLERANCE
+        and report["grad_max_rel_diff"] <= GRAD_TOLERANCE
+    )
+    return report
+
+
+def _check_args(args: argparse.Namespace) -> str | None:
+    if args.cp < 1 or args.tp < 1:
+        return f"--cp and --tp must be >= 1, got --cp {args.cp} --tp {args.tp}"
+    if args.tp != 1:
+        return "--tp > 1 is not supported yet (the tiny GPT check needs a vocab-parallel log-softmax); use --tp 1"
+    if args.attention == "ring" and args.layout != "zigzag":
+        return "--attention ring needs --layout zigzag (a ring walks the zigzag chunks); use --attention allgather"
+    if args.layout != "zigzag" and args.cp > 1 and not _megatron_knows_partition_mode():
+        return (
+            f"--layout {args.layout} with --cp > 1 needs PackedSeqParams.cp_partition_mode, which this "
+            "megatron-core lacks (its THD RoPE and attention assume zigzag); use --layout zigzag"
+        )
+    if args.forward == "verl" and not verl_forward_available():
+        return "--forward verl needs verl and verl_cppack.integrations.verl.install; use --forward auto or ours"
+    if min(args.batch_size, args.prompt_length, args.response_length) < 1:
+        return "--batch-size, --prompt-length and --response-length must be >= 1"
+    return None
+
+
+def _megatron_knows_partition_mode() -> bool:
+    from verl_cppack.integrations.megatron import packed_seq_params_class, packed_seq_params_fields
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return "cp_partition_mode" in packed_seq_params_fields(packed_seq_params_class())
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = _check_args(args)
+    if problem:
+        print(f"verify-cp: {problem}", file=sys.stderr)
+        return 2
+    try:
+        report = run_check(args)
+    except (RuntimeError, mp.ProcessException) as error:
+        print(f"verify-cp: could not run the check: {error}", file=sys.stderr)
+        return 2
+    print(
+        f"verify-cp cp={report['cp']} layout={report['layout']} attention={report['attention']} "
+        f"forward={'verl' if report['used_verl_forward'] else 'verl_cppack'} tokens={report['num_tokens']}\n"
+        f"  log-prob max |diff| {report['logprob_max_abs_diff']:.3e} (tol {LOGPROB_TOLERANCE:.0e})\n"
+        f"  entropy  max |diff| {report['entropy_max_abs_diff']:.3e} (tol {LOGPROB_TOLERANCE:.0e})\n"
+        f"  grad max rel diff   {report['grad_max_rel_diff']:.3e} (tol {GRAD_TOLERANCE:.0e})\n"
+        f"  {'PASSED' if report['passed'] else 'FAILED'}"
+    )
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=2)
+    return 0 if report["passed"] else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "verify-cp", help="check that CP=N gives the CP=1 log-probs, entropy and gradients (tiny GPT, gloo, CPU)"
+    )
+    parser.add_argument("--cp", type=int, default=2, help="context-parallel size N to check (default 2)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (only 1 for now)")
+    parser.add_argument("--layout", choices=("zigzag", "contiguous"), default="zigzag")
+    parser.add_argument("--attention", choices=("allgather", "ring"), default="allgather")
+    parser.add_argument(
+        "--forward", choices=("auto", "verl", "ours"), default="auto",
+        help="auto: verl's engine forward with verl_cppack installed when available, else verl_cppack's own",
+    )  # fmt: skip
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON here")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--prompt-length", type=int, default=12)
+    parser.add_argument("--response-length", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(func=run)

@@ -1,0 +1,85 @@
+"""Per-token log-probs (and entropy) of a padded ``[B, S]`` batch: plan -> CP slice -> model -> gather back.
+
+The path verl's actor and reference model take on Megatron: pack the valid tokens into the padded THD
+stream, keep this CP rank's rows, run the model with THD ``PackedSeqParams``, take log-probs of the
+next token inside the same sequence (the plan's ``shift=1``, on the global stream before the CP cut),
+and all-gather the per-token results back to ``[B, S]`` on every CP rank (gather-back contract: the
+gradient reaches only this rank's rows, DESIGN §2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from verl_cppack.context import ParallelContext
+from verl_cppack.core.checks import require_tensor
+from verl_cppack.core.layouts import Layout, LayoutName
+from verl_cppack.packing.plan import PackPlan, plan_from_mask
+
+
+def compute_logprobs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    ctx: ParallelContext,
+    *,
+    layout: LayoutName | Layout = "zigzag",
+    with_entropy: bool = False,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``input_ids`` / ``attention_mask`` ``[B, S]`` -> (``log_probs`` ``[B, S]``, ``entropy`` ``[B, S]`` or None), float32.
+
+    ``log_probs[b, s]`` is log p(next valid token of row ``b`` | its prefix up to ``s``) at temperature
+    ``temperature`` (verl's convention: position ``s`` scores token ``s+1``). It is 0 at padding and at
+    each row's last valid token (no next token). ``entropy[b, s]`` is the entropy of the next-token
+    distribution at every valid position, 0 at padding. Differentiable w.r.t. the model parameters.
+    ``model`` is a Megatron ``GPTModel`` (or anything with its THD call signature returning logits
+    ``[1, T_local, vocab]``) built on the same CP group as ``ctx``; ``ctx.tp_size`` must be 1.
+    """
+    require_tensor("input_ids", input_ids)
+    require_tensor("attention_mask", attention_mask)
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
+        raise ValueError(
+            f"input_ids and attention_mask must both be [B, S] of the same shape, got {tuple(input_ids.shape)} "
+            f"and {tuple(attention_mask.shape)}"
+        )
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    if ctx.tp_size != 1:
+        raise ValueError(f"compute_logprobs supports tp_size=1 (no vocab-parallel log-softmax yet), got {ctx.tp_size}")
+    plan = plan_from_mask(attention_mask, ctx, layout=layout)
+    logits = packed_forward(model, plan, input_ids)  # [1, T_local, V]
+    per_token = token_statistics(logits, plan, input_ids, with_entropy=with_entropy, temperature=temperature)
+    full = plan.unpack(per_token)  # [B, S, 1 or 2]: one all-gather for both
+    return full[..., 0], (full[..., 1] if with_entropy else None)
+
+
+def packed_forward(model: Any, plan: PackPlan, input_ids: torch.Tensor) -> torch.Tensor:
+    """Run ``model`` on this rank's packed rows of ``input_ids`` ``[B, S]`` -> its output ``[1, T_local, *]``."""
+    return model(
+        input_ids=plan.pack(input_ids),  # [1, T_local]
+        position_ids=plan.local_position_ids.unsqueeze(0),  # [1, T_local]
+        attention_mask=None,
+        packed_seq_params=plan.packed_seq_params(),
+    )
+
+
+def token_statistics(
+    logits: torch.Tensor, plan: PackPlan, input_ids: torch.Tensor, *, with_entropy: bool, temperature: float
+) -> torch.Tensor:
+    """Local logits ``[1, T_local, V]`` -> ``[1, T_local, 1 or 2]`` float32: next-token log-prob (, entropy)."""
+    if logits.dim() != 3 or logits.shape[:2] != (1, plan.local_length):
+        raise ValueError(f"the model must return logits [1, T_local={plan.local_length}, vocab], got {tuple(logits.shape)}")
+    log_softmax = torch.log_softmax(logits.float() / temperature, dim=-1)  # [1, T_local, V]
+    labels = plan.pack(input_ids, shift=1)  # [1, T_local], 0 where there is no next token
+    log_probs = log_softmax.gather(-1, labels.long().unsqueeze(-1))  # [1, T_local, 1]
+    log_probs = log_probs.masked_fill(~plan.target_mask(1).unsqueeze(-1), 0.0)
+    if not with_entropy:
+        return log_probs
+    entropy = -(log_softmax.exp() * log_softmax).sum(dim=-1, keepdim=True)  # [1, T_local, 1]
+    entropy = entropy.masked_fill(~plan.local_valid_mask.view(1, -1, 1), 0.0)
+    return torch.cat([log_probs, entropy], dim=-1)
