@@ -1,0 +1,88 @@
+"""Run outputs: a fresh output directory (never clobber earlier results), metrics.jsonl, reward curve, summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+
+def fresh_output_dir(requested: str | Path) -> Path:
+    """``requested`` if it is missing or empty, else a new ``requested/run-YYYYmmdd-HHMMSS[-k]`` inside it.
+
+    Earlier results are never overwritten: a non-empty directory only ever gains a new sub-directory.
+    """
+    requested = Path(requested)
+    if requested.exists() and not requested.is_dir():
+        raise ValueError(f"output path {requested} exists and is not a directory; pass --output DIR")
+    if not requested.exists() or not any(requested.iterdir()):
+        requested.mkdir(parents=True, exist_ok=True)
+        return requested
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in range(1000):
+        candidate = requested / (f"run-{stamp}" if attempt == 0 else f"run-{stamp}-{attempt}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise RuntimeError(f"could not create a fresh run directory under {requested}")
+
+
+class MetricsWriter:
+    """Appends one JSON object per line and flushes it, so a crashed run keeps every finished step."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: TextIO = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        bad = [name for name, value in record.items() if isinstance(value, float) and not math.isfinite(value)]
+        if bad:
+            raise ValueError(f"metrics {bad} are not finite at step {record.get('step')}: {record}")
+        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def fifth_means(values: Sequence[float]) -> tuple[float, float]:
+    """Mean of the first and of the last fifth (at least one value each) of ``values``."""
+    if not values:
+        raise ValueError("no values: the run has no finished step")
+    width = max(1, len(values) // 5)
+    return sum(values[:width]) / width, sum(values[-width:]) / width
+
+
+def plot_reward_curve(records: Sequence[dict[str, Any]], path: Path, title: str = "GRPO") -> str | None:
+    """Write the reward curve PNG; returns None on success or a note why it was skipped."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib); reward curve skipped"
+    steps = [record["step"] for record in records]
+    figure, (reward_axis, kl_axis) = plt.subplots(2, 1, figsize=(6, 5), sharex=True)
+    reward_axis.plot(steps, [record["reward_mean"] for record in records], color="tab:blue")
+    reward_axis.set_ylabel("mean reward")
+    reward_axis.set_ylim(0, 1)
+    reward_axis.grid(alpha=0.3)
+    reward_axis.set_title(f"{title}: reward per step (CP={records[0].get('cp', '?')})")
+    kl_axis.plot(steps, [record["kl"] for record in records], color="tab:orange")
+    kl_axis.set_ylabel("k3 KL to reference")
+    kl_axis.set_xlabel("step")
+    kl_axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return None
