@@ -72,18 +72,18 @@ class ZigzagLayout(Layout):
         device = cu_seqlens_padded.device
         if cp_size == 1:
             return torch.arange(total_length, device=device).unsqueeze(0)
-        local_length = total_length // cp_size
         # Every rank's local stream is 2n chunks (front and back chunk of each slot), each a run of
-        # consecutive stream positions: index = arange + (stream start - local start) of the chunk.
+        # consecutive stream positions. Laid out rank after rank, position q of the rank-major order sits
+        # in run j at offset q - run_start[j], so its stream position is q + (stream_start[j] - run_start[j]).
         cu = cu_seqlens_padded.long()
         chunk = (cu[1:] - cu[:-1]) // (2 * cp_size)  # [n] chunk length of each slot
         ranks = torch.arange(cp_size, device=device).view(cp_size, 1, 1)  # [cp, 1, 1]
         chunk_id = torch.cat([ranks, 2 * cp_size - 1 - ranks], dim=2)  # [cp, 1, 2] front, back
-        local_start = (cu[:-1] // cp_size).view(1, -1, 1) + torch.tensor([0, 1], device=device) * chunk.view(1, -1, 1)
-        stream_start = cu[:-1].view(1, -1, 1) + chunk_id * chunk.view(1, -1, 1)  # [cp, n, 2]
-        shift = (stream_start - local_start).view(cp_size, -1)  # [cp, 2n]
-        chunk_lengths = chunk.view(-1, 1).expand(-1, 2).reshape(-1)  # [2n]
-        return repeat_runs(shift, chunk_lengths, local_length) + torch.arange(local_length, device=device)  # [cp, T_local]
+        stream_start = (cu[:-1].view(1, -1, 1) + chunk_id * chunk.view(1, -1, 1)).reshape(-1)  # [cp*n*2]
+        run_lengths = chunk.view(1, -1, 1).expand(cp_size, -1, 2).reshape(-1)  # [cp*n*2]
+        run_start = torch.cumsum(run_lengths, 0) - run_lengths  # [cp*n*2] in the rank-major order
+        rank_major = repeat_runs(stream_start - run_start, run_lengths, total_length)  # [T]
+        return rank_major.add_(torch.arange(total_length, device=device)).view(cp_size, -1)  # [cp, T_local]
 
 
 class ContiguousLayout(Layout):

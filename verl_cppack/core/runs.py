@@ -17,4 +17,4 @@ def repeat_runs(values: torch.Tensor, lengths: torch.Tensor, total: int) -> torc
     steps = torch.diff(values, dim=-1, prepend=torch.zeros_like(values[..., :1]))  # [..., k]
     expanded = torch.zeros((*values.shape[:-1], total + 1), dtype=values.dtype, device=values.device)
     expanded.index_add_(-1, starts, steps)  # empty runs add at the same start; runs past the end land on the spare slot
-    return expanded[..., :total].cumsum(-1)
+    return expanded[..., :total].cumsum_(-1)

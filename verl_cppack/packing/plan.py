@@ -230,7 +230,7 @@ def plan_from_mask(
     if attention_mask.dtype != torch.bool:
         num_bad_values = ((attention_mask != 0) & (attention_mask != 1)).sum()
         attention_mask = attention_mask != 0
-    return _build(ctx, layout_, alignment_, attention_mask.sum(dim=1), (batch_size, seq_len), attention_mask, num_bad_values)
+    return _build(ctx, layout_, alignment_, None, (batch_size, seq_len), attention_mask, num_bad_values)
 
 
 def plan_from_lengths(
@@ -302,21 +302,23 @@ class _TokenRows:
     """
 
     def __init__(self, token_mask: torch.Tensor) -> None:
-        self.mask = token_mask  # [B, S] bool
-        as_int8 = token_mask.to(torch.int8)
-        run_starts = (torch.diff(as_int8, dim=1, prepend=as_int8.new_zeros(token_mask.shape[0], 1)) > 0).sum(dim=1)
-        self.gapped_rows = (run_starts > 1).sum()  # [] rows whose tokens are not one run
-        self.row_counts = token_mask.sum(dim=1)  # [B]
+        self.mask = token_mask.contiguous()  # [B, S] bool
+        as_int8 = self.mask.view(torch.int8)  # same bytes; int8 reductions are the cheap ones
+        self.row_counts = as_int8.sum(dim=1, dtype=torch.int32).long()  # [B]
         self.first_column = as_int8.argmax(dim=1)  # [B] first token of each row (0 for an empty row)
+        last_column = self.mask.shape[1] - 1 - as_int8.flip(1).argmax(dim=1)  # [B]
+        one_run = last_column - self.first_column + 1 == self.row_counts
+        self.gapped_rows = (~one_run & (self.row_counts > 0)).sum()  # [] rows whose tokens are not one run
 
-    def positions(self, num_tokens: int, contiguous: bool) -> torch.Tensor:
-        """[N] flat ``b * S + s`` of the n-th token."""
+    def positions(self, token_index: torch.Tensor, contiguous: bool) -> torch.Tensor:
+        """``token_index`` = arange(N) -> [N] flat ``b * S + s`` of the n-th token."""
         batch_size, seq_len = self.mask.shape
         device = self.mask.device
+        num_tokens = token_index.numel()
         if contiguous:
             row_start = torch.arange(batch_size, device=device) * seq_len + self.first_column  # [B]
             shift = row_start - _cumsum0(self.row_counts)[:-1]  # [B]
-            return torch.arange(num_tokens, device=device) + repeat_runs(shift, self.row_counts, num_tokens)
+            return repeat_runs(shift, self.row_counts, num_tokens).add_(token_index)
         flat = self.mask.reshape(-1)
         rank = torch.where(flat, torch.cumsum(flat, 0) - 1, num_tokens)  # [B*S], non-tokens to a sink
         positions = torch.empty(num_tokens + 1, dtype=torch.long, device=device)
@@ -327,7 +329,7 @@ def _build(
     ctx: ParallelContext,
     layout: Layout,
     alignment: Alignment,
-    seqlens: torch.Tensor,  # [n] any integer dtype: tokens of each sequence, in stream order
+    seqlens: torch.Tensor | None,  # [n] any integer dtype: tokens of each sequence, in stream order; None: one per row
     source_shape: tuple[int, int] | None,  # (B, S) of a padded source; None for a jagged source
     token_mask: torch.Tensor | None,  # [B, S] bool: which source rows are tokens (None: jagged, all are)
     num_bad_values: torch.Tensor,  # [] count of invalid input values, reported after the sync
@@ -336,12 +338,12 @@ def _build(
     """The one plan builder. The tokens of ``token_mask``, read in row-major order, are cut into sequences
     of ``seqlens`` tokens each: rows of a padded batch, documents of a token batch, or jagged sequences.
     ``seqlens`` must sum to the number of tokens (callers derive both from the same data)."""
+    rows = _TokenRows(token_mask) if token_mask is not None else None
+    seqlens = rows.row_counts if seqlens is None else seqlens.long()
     device = seqlens.device
-    seqlens = seqlens.long()
     seqlens_padded = alignment.pad(seqlens, num_sequences)  # [n]
     cu_seqlens, cu_seqlens_padded = _cumsum0(seqlens), _cumsum0(seqlens_padded)  # [n+1]
     count = seqlens.new_tensor(seqlens.numel()) if num_sequences is None else num_sequences.long()
-    rows = _TokenRows(token_mask) if token_mask is not None else None
 
     # The one device->host sync of the plan: sizes to allocate, and the value checks.
     total_length, num_valid_tokens, max_seqlen, max_seqlen_padded, bad, n, gapped_rows = torch.stack(
@@ -368,19 +370,18 @@ def _build(
     source_rows = num_valid_tokens if source_shape is None else source_shape[0] * source_shape[1]
 
     # Source row and stream position of the n-th real token (tokens keep their order; sequences are consecutive).
-    token_rows = None if rows is None else rows.positions(num_valid_tokens, contiguous=gapped_rows == 0)  # [N]
+    token_index = torch.arange(num_valid_tokens, device=device)  # [N]
+    token_rows = None if rows is None else rows.positions(token_index, contiguous=gapped_rows == 0)  # [N]
     slot_shift = cu_seqlens_padded[:-1] - cu_seqlens[:-1]  # [n] padding before each slot
-    token_stream_position = torch.arange(num_valid_tokens, device=device) + repeat_runs(
-        slot_shift, seqlens, num_valid_tokens
-    )  # [N]
+    token_stream_position = repeat_runs(slot_shift, seqlens, num_valid_tokens).add_(token_index)  # [N]
 
     # Inverse maps, with ``source_rows`` as the sink value at padding positions.
     stream_source = torch.full((total_length,), source_rows, dtype=torch.long, device=device)
-    stream_source.index_copy_(
-        0, token_stream_position, torch.arange(num_valid_tokens, device=device) if token_rows is None else token_rows
-    )
+    stream_source.index_copy_(0, token_stream_position, token_index if token_rows is None else token_rows)
     partition = layout.partition(cu_seqlens_padded, total_length, ctx.cp_size)  # [cp, T_local]
-    rank_major_source = stream_source if layout.keeps_stream_order(ctx.cp_size) else stream_source[partition.view(-1)]
+    rank_major_source = (
+        stream_source if layout.keeps_stream_order(ctx.cp_size) else stream_source.index_select(0, partition.view(-1))
+    )
     local_source = rank_major_source.narrow(0, ctx.cp_rank * local_length, local_length)
     local_valid_mask = local_source != source_rows
 
