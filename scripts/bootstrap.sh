@@ -9,14 +9,19 @@ VENV="${VENV:-.venv}"
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
-if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-  "${PIP[@]}" "torch==2.13.0"
-fi
-# Pinned integration targets: megatron-core 0.16.1 is the newest for Python 3.11; verl without extras.
 log="$(mktemp)"
-if ! "${PIP[@]}" -e ".[test]" "megatron-core==0.16.1" "verl==0.9.1" "ray[default]==2.60.0" matplotlib tqdm >"$log" 2>&1; then
-  grep -v "^WARNING: Location" "$log"
-  echo "bootstrap: pip install failed (full log: $log)" >&2
-  exit 1
+run_pip() {
+  if ! "${PIP[@]}" "$@" >"$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log"
+    echo "bootstrap: pip install $* failed (full log: $log)" >&2
+    exit 1
+  fi
+}
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  run_pip "torch==2.13.0"
 fi
+# Pinned integration targets (megatron-core 0.16.1 is the newest for Python 3.11; verl without extras), then
+# the project itself without re-resolving its dependencies.
+run_pip numpy "megatron-core==0.16.1" "verl==0.9.1" "ray[default]==2.60.0" "hypothesis>=6.100" "pytest>=8" matplotlib tqdm
+run_pip --no-deps -e .
 "$VENV/bin/python" -c "import torch, verl_cppack; print('verl_cppack', verl_cppack.__version__, 'torch', torch.__version__)"

@@ -51,7 +51,8 @@ def write_tiny_local_model(directory: Path) -> str:
     vocab = {token: index for index, token in enumerate(["<pad>", "<eos>", "<unk>", "####", *map(str, range(10))])}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>").save_pretrained(directory)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    fast.save_pretrained(directory)
     Qwen2Config(
         vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, architectures=["Qwen2ForCausalLM"],

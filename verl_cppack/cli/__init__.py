@@ -12,6 +12,7 @@ SUBCOMMAND_MODULES = (
     "verl_cppack.cli.doctor",
     "verl_cppack.cli.bench",
     "verl_cppack.cli.grpo",
+    "verl_cppack.cli.ppo",
     "verl_cppack.cli.ref_logprobs",
     "verl_cppack.cli.verify_cp",
 )
