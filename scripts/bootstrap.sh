@@ -17,6 +17,7 @@ run_pip() {
     exit 1
   fi
 }
+run_pip --upgrade pip  # the resolver of an old pip backtracks for many minutes over verl's dependencies
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   run_pip "torch==2.13.0"
 fi
