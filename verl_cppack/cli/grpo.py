@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 from verl_cppack.rl.task import CountingTask
@@ -13,12 +12,9 @@ EXIT_WORKER_FAILURE = 3
 EXIT_INTERRUPTED = 130
 
 
-def config_from_args(args: argparse.Namespace):
-    from verl_cppack.rl.grpo import GRPOConfig
-
-    defaults = GRPOConfig()
-    worker = dataclasses.replace(
-        WorkerSettings(),
+def worker_settings_from_args(args: argparse.Namespace) -> dict:
+    """The worker settings every RL subcommand shares."""
+    return dict(
         seed=args.seed,
         learning_rate=args.lr,
         kl_coef=args.kl_coef,
@@ -27,12 +23,16 @@ def config_from_args(args: argparse.Namespace):
         device=args.device,
         collective_timeout_s=args.collective_timeout,
     )
-    return GRPOConfig(
+
+
+def run_settings_from_args(args: argparse.Namespace, worker: WorkerSettings, num_mini_batches: int) -> dict:
+    """The run settings every RL subcommand shares."""
+    return dict(
         cp=args.cp,
         steps=args.steps,
         prompts_per_step=args.prompts_per_step,
         group_size=args.group_size,
-        num_mini_batches=defaults.num_mini_batches,
+        num_mini_batches=num_mini_batches,
         seed=args.seed,
         output=args.output,
         address=args.address,
@@ -40,6 +40,13 @@ def config_from_args(args: argparse.Namespace):
         task=CountingTask(vocab_size=worker.vocab_size),
         worker=worker,
     )
+
+
+def config_from_args(args: argparse.Namespace):
+    from verl_cppack.rl.grpo import GRPOConfig
+
+    worker = WorkerSettings(**worker_settings_from_args(args))
+    return GRPOConfig(**run_settings_from_args(args, worker, GRPOConfig().num_mini_batches))
 
 
 def print_summary(summary: dict) -> None:

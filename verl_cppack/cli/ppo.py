@@ -5,38 +5,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-from verl_cppack.cli.grpo import add_common_arguments, run_with_fault_handling
-from verl_cppack.rl.task import CountingTask
+from verl_cppack.cli.grpo import (
+    add_common_arguments,
+    run_settings_from_args,
+    run_with_fault_handling,
+    worker_settings_from_args,
+)
 
 
 def config_from_args(args: argparse.Namespace):
     from verl_cppack.rl.ppo import PPOConfig
     from verl_cppack.rl.ppo_worker import PPOWorkerSettings
 
-    defaults = PPOConfig()
     worker = PPOWorkerSettings(
-        seed=args.seed,
-        learning_rate=args.lr,
-        critic_learning_rate=args.critic_lr,
-        value_clip=args.value_clip,
-        kl_coef=args.kl_coef,
-        attention=args.attention,
-        forward=args.forward,
-        device=args.device,
-        collective_timeout_s=args.collective_timeout,
+        **worker_settings_from_args(args), critic_learning_rate=args.critic_lr, value_clip=args.value_clip
     )
     return PPOConfig(
-        cp=args.cp,
-        steps=args.steps,
-        prompts_per_step=args.prompts_per_step,
-        group_size=args.group_size,
-        num_mini_batches=defaults.num_mini_batches,
-        seed=args.seed,
-        output=args.output,
-        address=args.address,
-        call_timeout_s=args.call_timeout,
-        task=CountingTask(vocab_size=worker.vocab_size),
-        worker=worker,
+        **run_settings_from_args(args, worker, PPOConfig().num_mini_batches),
         gamma=args.gamma,
         lam=args.lam,
         critic_warmup=args.critic_warmup,

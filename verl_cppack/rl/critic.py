@@ -25,7 +25,7 @@ import torch
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.checks import require_tensor
 from verl_cppack.packing.plan import plan_from_mask
-from verl_cppack.rl.policy import FORWARD_PATHS, ForwardPath
+from verl_cppack.rl.policy import FORWARD_PATHS, ForwardPath, JaggedRows
 
 
 def critic_values(
@@ -64,21 +64,15 @@ def verl_engine_values(model: torch.nn.Module, input_ids: torch.Tensor, attentio
     """Values via verl's ``gptmodel_forward_model_engine(value_model=True)`` on a jagged batch, back to ``[B, S]``."""
     from verl.models.mcore.model_forward import gptmodel_forward_model_engine
 
-    mask = attention_mask.bool()
-    batch_size, seq_len = mask.shape
-    token_rows = mask.reshape(-1).nonzero().squeeze(1)  # [N] flat positions of real tokens (one host sync)
-    offsets = torch.nn.functional.pad(mask.sum(1).cumsum(0), (1, 0))  # [B+1]
-    token_ids = input_ids.reshape(-1).index_select(0, token_rows)  # [N]
-    nested_ids = torch.nested.nested_tensor_from_jagged(token_ids, offsets=offsets)  # jagged [B, j]
-    nested_values = gptmodel_forward_model_engine(model, nested_ids, {}, value_model=True)  # jagged [B, j]
+    jagged = JaggedRows(attention_mask.bool())
+    nested_values = gptmodel_forward_model_engine(model, jagged.nested(input_ids), {}, value_model=True)  # jagged [B, j]
     values = nested_values.values() if nested_values.is_nested else nested_values.reshape(-1)  # [N]
-    if values.dim() != 1 or values.shape[0] != token_rows.shape[0]:
+    if values.dim() != 1 or values.shape[0] != jagged.num_tokens:
         raise ValueError(
             "the value model must return one scalar per token ([1, T_local, 1]); verl's forward gave values of "
-            f"shape {tuple(values.shape)} for {token_rows.shape[0]} tokens (was the model built with value_head=True?)"
+            f"shape {tuple(values.shape)} for {jagged.num_tokens} tokens (was the model built with value_head=True?)"
         )
-    flat = values.float().new_zeros(batch_size * seq_len).index_copy(0, token_rows, values.float())
-    return flat.view(batch_size, seq_len)
+    return jagged.padded(values)
 
 
 def _check_value_output(local_values: torch.Tensor, local_length: int) -> None:

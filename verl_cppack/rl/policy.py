@@ -89,10 +89,8 @@ def verl_engine_log_probs(
     from verl.models.mcore.model_forward import gptmodel_forward_model_engine
 
     mask = attention_mask.bool()
-    batch_size, seq_len = mask.shape
-    valid_rows = mask.reshape(-1).nonzero().squeeze(1)  # [N] flat positions of real tokens (one host sync)
-    offsets = torch.nn.functional.pad(mask.sum(1).cumsum(0), (1, 0))  # [B+1]
-    nested_ids = torch.nested.nested_tensor_from_jagged(input_ids.reshape(-1).index_select(0, valid_rows), offsets=offsets)
+    jagged = JaggedRows(mask)
+    nested_ids = jagged.nested(input_ids)
 
     def logits_processor(logits: torch.Tensor, label: torch.Tensor) -> dict[str, torch.Tensor]:
         log_softmax = torch.log_softmax(logits.float(), dim=-1)  # [1, T_local, V]
@@ -106,15 +104,36 @@ def verl_engine_log_probs(
     )
     has_next = torch.zeros_like(mask)
     has_next[:, :-1] = mask[:, :-1] & mask[:, 1:]  # [B, S] positions whose next token is real
-
-    def to_padded(nested: torch.Tensor) -> torch.Tensor:
-        values = nested.values() if nested.is_nested else nested.reshape(-1)
-        flat = values.new_zeros(batch_size * seq_len).index_copy(0, valid_rows, values)
-        return flat.view(batch_size, seq_len)
-
-    log_probs = to_padded(output["log_probs"]) * has_next
-    entropy = to_padded(output["entropy"]) if with_entropy else None
+    log_probs = jagged.padded(output["log_probs"]) * has_next
+    entropy = jagged.padded(output["entropy"]) if with_entropy else None
     return log_probs, entropy
+
+
+class JaggedRows:
+    """A padded ``[B, S]`` batch as verl's engine functions take it (a jagged nested tensor) and back.
+
+    Builds the index once (one host sync: the token count); ``nested`` and ``padded`` are one
+    ``index_select`` / ``index_copy`` each.
+    """
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        self.shape = tuple(mask.shape)  # (B, S)
+        self.token_rows = mask.reshape(-1).nonzero().squeeze(1)  # [N] flat positions of real tokens
+        self.offsets = torch.nn.functional.pad(mask.sum(1).cumsum(0), (1, 0))  # [B+1]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_rows.shape[0]
+
+    def nested(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, S]`` -> jagged ``[B, j]`` of the real tokens."""
+        return torch.nested.nested_tensor_from_jagged(x.reshape(-1).index_select(0, self.token_rows), offsets=self.offsets)
+
+    def padded(self, nested: torch.Tensor) -> torch.Tensor:
+        """Jagged ``[B, j]`` (or its ``[N]`` values) -> float32 ``[B, S]``, zeros at padding."""
+        values = (nested.values() if nested.is_nested else nested.reshape(-1)).float()  # [N]
+        flat = values.new_zeros(self.shape[0] * self.shape[1]).index_copy(0, self.token_rows, values)
+        return flat.view(self.shape)
 
 
 def next_token_logits(
