@@ -7,7 +7,7 @@ from the ``[B, S]`` token mask and the document lengths: the same offsets, layou
 shift function (``plan.pack(tokens, shift=k)``) as every other plan.
 
 Cost: no Python loop over rows or documents, O(B*S + T) device work, and one device->host sync per
-call: the document count rides on the core plan's own sync (``_build(..., num_sequences=...)``).
+call: the document count rides on the core plan's own sync (``build_plan(..., num_sequences=...)``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from verl_cppack.core.alignment import FP8_STREAM_FACTOR, Alignment
 from verl_cppack.core.checks import require_int, require_integer_tensor
 from verl_cppack.core.layouts import Layout, LayoutName, get_layout
 from verl_cppack.integrations.megatron_pipeline import WholeBatch, packed_seq_params_with_valid_tokens
-from verl_cppack.packing.plan import PackPlan, _build, _resolve
+from verl_cppack.packing.plan import PackPlan, build_plan, resolve_policy
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,11 +153,11 @@ def plan_documents(
         raise ValueError("pass either fp8=True (the layout's FP8 alignment) or an explicit alignment, not both")
     layout_ = get_layout(layout)
     chosen = document_alignment(ctx, layout_, alignment, fp8)
-    ctx, layout_, alignment_ = _resolve(ctx, layout_, chosen, fp8 and chosen is None)
+    ctx, layout_, alignment_ = resolve_policy(ctx, layout_, chosen, fp8 and chosen is None)
 
     token_mask, lengths, num_documents = segment_documents(tokens, eod_id=eod_id, pad_id=pad_id)  # [B,S], [B*S], []
     no_bad_values = num_documents.new_zeros(())
-    return _build(ctx, layout_, alignment_, lengths, tuple(tokens.shape), token_mask, no_bad_values, num_documents)
+    return build_plan(ctx, layout_, alignment_, lengths, tuple(tokens.shape), token_mask, no_bad_values, num_documents)
 
 
 def pack_documents(

@@ -184,15 +184,6 @@ class PackPlan:
             return torch.nested.nested_tensor_from_jagged(rows, offsets=self.cu_seqlens.long())
         return rows.view(*self.source_shape, *rows.shape[1:])
 
-    # ------------------------------------------------ kept for helper modules
-    @cached_property
-    def source_valid_mask(self) -> torch.Tensor | None:
-        """[source_rows] bool: rows holding a real token (None for a jagged source, where all do)."""
-        if self.token_rows is None:
-            return None
-        mask = torch.zeros(self.source_rows, dtype=torch.bool, device=self.local_index.device)
-        return mask.index_fill(0, self.token_rows, True)
-
     # -------------------------------------------------------------- megatron
     def packed_seq_params(self, *, real_seqlens_in_attention: bool = False) -> Any:
         """Megatron ``PackedSeqParams`` (THD) for this plan; see ``integrations.megatron``."""
@@ -224,13 +215,13 @@ def plan_from_mask(
     batch_size, seq_len = attention_mask.shape
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"attention_mask must have B >= 1 and S >= 1, got shape {tuple(attention_mask.shape)}")
-    ctx, layout_, alignment_ = _resolve(ctx, layout, alignment, fp8)
+    ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
 
     num_bad_values = torch.zeros((), dtype=torch.long, device=attention_mask.device)
     if attention_mask.dtype != torch.bool:
         num_bad_values = ((attention_mask != 0) & (attention_mask != 1)).sum()
         attention_mask = attention_mask != 0
-    return _build(ctx, layout_, alignment_, None, (batch_size, seq_len), attention_mask, num_bad_values)
+    return build_plan(ctx, layout_, alignment_, None, (batch_size, seq_len), attention_mask, num_bad_values)
 
 
 def plan_from_lengths(
@@ -251,8 +242,8 @@ def plan_from_lengths(
         raise TypeError(f"seqlens must be an integer tensor, got dtype {seqlens.dtype}")
     if seqlens.dim() != 1 or seqlens.numel() < 1:
         raise ValueError(f"seqlens must be 1-D with at least one sequence, got shape {tuple(seqlens.shape)}")
-    ctx, layout_, alignment_ = _resolve(ctx, layout, alignment, fp8)
-    return _build(ctx, layout_, alignment_, seqlens, None, None, (seqlens < 0).sum())
+    ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
+    return build_plan(ctx, layout_, alignment_, seqlens, None, None, (seqlens < 0).sum())
 
 
 def plan_from_nested(
@@ -270,7 +261,7 @@ def plan_from_nested(
     return plan_from_lengths(nested.offsets().diff(), ctx, layout=layout, alignment=alignment, fp8=fp8)
 
 
-def _resolve(
+def resolve_policy(
     ctx: ParallelContext | None, layout: LayoutName | Layout, alignment: Alignment | int | None, fp8: bool
 ) -> tuple[ParallelContext, Layout, Alignment]:
     ctx = ParallelContext() if ctx is None else ctx
@@ -325,7 +316,7 @@ class _TokenRows:
         return positions.index_copy_(0, rank, torch.arange(flat.numel(), device=device))[:num_tokens]
 
 
-def _build(
+def build_plan(
     ctx: ParallelContext,
     layout: Layout,
     alignment: Alignment,
