@@ -264,6 +264,8 @@ def plan_from_nested(
 def resolve_policy(
     ctx: ParallelContext | None, layout: LayoutName | Layout, alignment: Alignment | int | None, fp8: bool
 ) -> tuple[ParallelContext, Layout, Alignment]:
+    """Default the context, look up the layout, and turn ``alignment``/``fp8`` into an ``Alignment`` the layout
+    can cut for ``ctx`` (``ValueError`` otherwise), before any work."""
     ctx = ParallelContext() if ctx is None else ctx
     if not isinstance(ctx, ParallelContext):
         raise TypeError(f"ctx must be a ParallelContext, got {type(ctx).__name__}")

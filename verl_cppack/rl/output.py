@@ -6,6 +6,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -62,27 +63,48 @@ def fifth_means(values: Sequence[float]) -> tuple[float, float]:
     return sum(values[:width]) / width, sum(values[-width:]) / width
 
 
-def plot_reward_curve(records: Sequence[dict[str, Any]], path: Path, title: str = "GRPO") -> str | None:
-    """Write the reward curve PNG; returns None on success or a note why it was skipped."""
+@dataclass(frozen=True)
+class Panel:
+    """One metric of ``metrics.jsonl`` drawn against the step."""
+
+    key: str
+    label: str
+    color: str
+    ylim: tuple[float, float] | None = None
+    log_scale: bool = False
+
+
+def plot_panels(records: Sequence[dict[str, Any]], path: Path, title: str, panels: Sequence[Panel]) -> str | None:
+    """Stacked per-step curves as a PNG; returns None on success or a note why it was skipped."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install matplotlib); reward curve skipped"
+        return f"matplotlib is not installed (pip install matplotlib); {path.name} skipped"
     steps = [record["step"] for record in records]
-    figure, (reward_axis, kl_axis) = plt.subplots(2, 1, figsize=(6, 5), sharex=True)
-    reward_axis.plot(steps, [record["reward_mean"] for record in records], color="tab:blue")
-    reward_axis.set_ylabel("mean reward")
-    reward_axis.set_ylim(0, 1)
-    reward_axis.grid(alpha=0.3)
-    reward_axis.set_title(f"{title}: reward per step (CP={records[0].get('cp', '?')})")
-    kl_axis.plot(steps, [record["kl"] for record in records], color="tab:orange")
-    kl_axis.set_ylabel("k3 KL to reference")
-    kl_axis.set_xlabel("step")
-    kl_axis.grid(alpha=0.3)
+    figure, axes = plt.subplots(len(panels), 1, figsize=(6, 2.5 * len(panels)), sharex=True, squeeze=False)
+    for axis, panel in zip(axes[:, 0], panels):
+        axis.plot(steps, [record[panel.key] for record in records], color=panel.color)
+        axis.set_ylabel(panel.label)
+        if panel.log_scale:
+            axis.set_yscale("log")
+        if panel.ylim is not None:
+            axis.set_ylim(*panel.ylim)
+        axis.grid(alpha=0.3)
+    axes[0, 0].set_title(f"{title} (CP={records[0].get('cp', '?')})")
+    axes[-1, 0].set_xlabel("step")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return None
+
+
+def plot_reward_curve(records: Sequence[dict[str, Any]], path: Path, title: str = "GRPO") -> str | None:
+    """Mean reward and k3 KL per step."""
+    panels = [
+        Panel("reward_mean", "mean reward", "tab:blue", ylim=(0, 1)),
+        Panel("kl", "k3 KL to reference", "tab:orange"),
+    ]
+    return plot_panels(records, path, f"{title}: reward per step", panels)

@@ -26,6 +26,7 @@ from verl_cppack.rl.cluster import WorkerGroup
 from verl_cppack.rl.critic import explained_variance
 from verl_cppack.rl.gae import gae_advantages, whiten
 from verl_cppack.rl.grpo import GRPOConfig, RunResult, StepFunction, rollout_batch, run_training
+from verl_cppack.rl.output import Panel, plot_panels
 from verl_cppack.rl.ppo_worker import PPOWorker, PPOWorkerSettings
 
 
@@ -159,30 +160,12 @@ def make_ppo_step(workers: WorkerGroup, config: PPOConfig) -> StepFunction:
 
 
 def plot_critic_curve(records: list[dict[str, Any]], path: Path) -> str | None:
-    """Value loss and explained variance per step as a PNG; None on success, else why it was skipped."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install matplotlib); critic curve skipped"
-    steps = [record["step"] for record in records]
-    figure, (loss_axis, variance_axis) = plt.subplots(2, 1, figsize=(6, 5), sharex=True)
-    loss_axis.plot(steps, [record["value_loss"] for record in records], color="tab:green")
-    loss_axis.set_ylabel("clipped value loss")
-    loss_axis.set_yscale("log")
-    loss_axis.set_title(f"PPO critic (CP={records[0].get('cp', '?')})")
-    loss_axis.grid(alpha=0.3)
-    variance_axis.plot(steps, [record["explained_variance"] for record in records], color="tab:purple")
-    variance_axis.set_ylabel("explained variance")
-    variance_axis.set_ylim(-1.0, 1.0)  # a fresh critic starts far below -1; the interesting range is [-1, 1]
-    variance_axis.set_xlabel("step")
-    variance_axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return None
+    """Value loss and explained variance per step (a fresh critic starts far below -1; [-1, 1] is shown)."""
+    panels = [
+        Panel("value_loss", "clipped value loss", "tab:green", log_scale=True),
+        Panel("explained_variance", "explained variance", "tab:purple", ylim=(-1.0, 1.0)),
+    ]
+    return plot_panels(records, path, "PPO critic", panels)
 
 
 def run_ppo(config: PPOConfig) -> RunResult:
