@@ -5,6 +5,7 @@ op count for every B, while verl's op count grows with B.
 """
 
 import pytest
+import torch
 
 from verl_cppack.bench.verl_step import (
     README_BEGIN,
@@ -43,3 +44,11 @@ def test_report_files_and_readme_section(rows, tmp_path):
     update_readme(readme, performance_section(rows, BenchSettings(repeats=1), None))
     text = readme.read_text()
     assert "old" not in text and text.endswith(f"{README_END}\ntail\n") and "| 64 | 2 | 8 |" in text
+
+
+def test_bad_device_settings_are_refused_before_any_process_starts():
+    with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+        BenchSettings(device="tpu").check()
+    if torch.cuda.device_count() < 4:
+        with pytest.raises(ValueError, match="one GPU per CP rank"):
+            BenchSettings(device="cuda").check()

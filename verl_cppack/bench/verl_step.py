@@ -43,6 +43,18 @@ class BenchSettings:
     cp_sizes: tuple[int, ...] = (1, 2, 4)
     repeats: int = 3
     threads: int = 1
+    device: str = "cpu"  # "cuda": one GPU per CP rank, nccl, CUDA-synchronised timings
+
+    def check(self) -> None:
+        """Refuse settings this machine cannot run, before any process starts."""
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.device == "cuda":
+            available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if available < max(self.cp_sizes):
+                raise ValueError(
+                    f"device='cuda' needs one GPU per CP rank ({max(self.cp_sizes)}); this machine has {available}"
+                )
 
     @classmethod
     def quick(cls) -> "BenchSettings":
@@ -64,12 +76,19 @@ def _postprocess(impl: Any, packed_ids: torch.Tensor, params: Any, mask: torch.T
     impl.postprocess_packed_seqs(log_probs * 0.5, params, mask, batch_size, seq_len)
 
 
+def _synchronize() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _timed(fn, repeats: int) -> float:
     samples = []
     for _ in range(repeats):
         dist.barrier()
+        _synchronize()
         begin = time.perf_counter()
         fn()
+        _synchronize()
         samples.append(time.perf_counter() - begin)
     return statistics.median(samples)
 
@@ -147,7 +166,9 @@ def _wall(fn) -> float:
 def _rank_main(rank: int, cp_size: int, port: int, settings: BenchSettings, queue: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(settings.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=cp_size)
+    if settings.device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if settings.device == "cuda" else "gloo", rank=rank, world_size=cp_size)
     from megatron.core import parallel_state
     from verl.models.mcore import util as verl_util
 
@@ -159,6 +180,7 @@ def _rank_main(rank: int, cp_size: int, port: int, settings: BenchSettings, queu
         for seq_len in settings.seq_lens:
             for batch_size in settings.batch_sizes:
                 input_ids, mask = rollout_batch(batch_size, seq_len, seed=batch_size + seq_len)
+                input_ids, mask = input_ids.to(settings.device), mask.to(settings.device)
                 labels = torch.roll(input_ids, -1, dims=1)
                 label_mask = mask & torch.roll(mask, -1, dims=1)
                 batch = (input_ids, labels, label_mask, mask)
@@ -195,6 +217,7 @@ def _free_port() -> int:
 def run_benchmark(settings: BenchSettings) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
+    settings.check()
     context = mp.get_context("spawn")
     rows: list[dict[str, Any]] = []
     for cp_size in settings.cp_sizes:
@@ -316,7 +339,7 @@ def write_outputs(rows: list[dict[str, Any]], settings: BenchSettings, output: P
 def performance_section(rows: list[dict[str, Any]], settings: BenchSettings, plot_path: str | None) -> str:
     threads = f"{settings.threads} thread{'s' if settings.threads > 1 else ''} per rank"
     parts = [
-        f"Measured by `verl-cppack bench` on this project's CPU machine (2 cores, {threads}, gloo, "
+        f"Measured by `verl-cppack bench --device {settings.device}` ({_machine(settings)}, {threads}, "
         f"median of {settings.repeats}); verl {_version('verl')}, torch {torch.__version__}. "
         "Ratios are verl time / verl_cppack time in the same run.",
         "",
@@ -327,6 +350,12 @@ def performance_section(rows: list[dict[str, Any]], settings: BenchSettings, plo
         parts += [f"![speed-up]({plot_path})", ""]
     parts.append(markdown_table(rows))
     return "\n".join(parts)
+
+
+def _machine(settings: BenchSettings) -> str:
+    if settings.device == "cuda":
+        return f"{torch.cuda.get_device_name(0)}, nccl"
+    return f"CPU, {os.cpu_count()} cores, gloo"
 
 
 def _version(package: str) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 from pathlib import Path
 
 from verl_cppack.bench.verl_step import (
@@ -19,6 +21,12 @@ from verl_cppack.bench.verl_step import (
 
 def run(args: argparse.Namespace) -> int:
     settings = BenchSettings.quick() if args.quick else BenchSettings(threads=args.threads)
+    settings = dataclasses.replace(settings, device=args.device)
+    try:
+        settings.check()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     rows = run_benchmark(settings)
     print(markdown_table(rows))
     print("\n".join(summary_lines(rows)))
@@ -42,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke run)")
     parser.add_argument("--output", default="bench_out", help="folder for results.json, table.md, speedup.png")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per CP rank, nccl")
     parser.add_argument("--update-readme", action="store_true", help="rewrite README's performance section")
     parser.add_argument("--readme", default="README.md", help="README to update (default ./README.md)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a README target is missed")
