@@ -15,7 +15,7 @@ rank-major stream
     All ranks' local streams concatenated, rank 0 first: what an all-gather returns.
 
 Cost: building a plan makes one device->host sync (the sizes needed to allocate), no Python loop over
-sequences, one pass over the mask and O(N + T) integer work; ``pack`` is one ``index_select`` and one
+sequences, three int8 reductions over the mask and O(N + T) integer work; ``pack`` is one ``index_select`` and one
 ``masked_fill``; ``unpack`` is one all-gather and one ``index_copy`` into zeros (a sink row takes padding).
 """
 
