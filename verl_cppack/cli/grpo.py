@@ -88,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
     return run_with_fault_handling(run_grpo, config)
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, output: str) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser, run_defaults) -> None:
+    """Arguments every RL subcommand takes; ``run_defaults`` is the subcommand's default config."""
     defaults = WorkerSettings()
+    steps, output = run_defaults.steps, run_defaults.output
     parser.add_argument("--cp", type=int, default=2, help="context-parallel size = number of worker actors (default 2)")
     parser.add_argument("--steps", type=int, default=steps, help=f"training steps (default {steps})")
     parser.add_argument(
@@ -97,6 +99,8 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, steps: int, output:
     )
     parser.add_argument("--address", default=None, help="join this Ray cluster (default: RAY_ADDRESS, else start a local one)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompts-per-step", type=int, default=run_defaults.prompts_per_step)
+    parser.add_argument("--group-size", type=int, default=run_defaults.group_size, help="responses per prompt")
     parser.add_argument("--lr", type=float, default=defaults.learning_rate, help="Adam learning rate")
     parser.add_argument("--kl-coef", type=float, default=defaults.kl_coef, help="weight of the k3 KL penalty")
     parser.add_argument("--attention", default=defaults.attention, choices=("allgather", "ring"), help="CP attention")
@@ -120,7 +124,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     defaults = GRPOConfig()
     parser = subparsers.add_parser("grpo", help="GRPO on Ray with CP workers (the main job)", description=__doc__)
-    add_common_arguments(parser, steps=defaults.steps, output=defaults.output)
-    parser.add_argument("--prompts-per-step", type=int, default=defaults.prompts_per_step)
-    parser.add_argument("--group-size", type=int, default=defaults.group_size, help="responses per prompt")
+    add_common_arguments(parser, defaults)
     parser.set_defaults(func=run)

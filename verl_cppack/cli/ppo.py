@@ -63,9 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     defaults = PPOConfig()
     parser = subparsers.add_parser("ppo", help="PPO with a critic (GAE) on Ray with CP workers", description=__doc__)
-    add_common_arguments(parser, steps=defaults.steps, output=defaults.output)
-    parser.add_argument("--prompts-per-step", type=int, default=defaults.prompts_per_step)
-    parser.add_argument("--group-size", type=int, default=defaults.group_size, help="responses per prompt (>= 1)")
+    add_common_arguments(parser, defaults)
     parser.add_argument("--gamma", type=float, default=defaults.gamma, help="GAE discount")
     parser.add_argument("--lam", type=float, default=defaults.lam, help="GAE lambda")
     parser.add_argument("--critic-lr", type=float, default=defaults.worker.critic_learning_rate, help="critic Adam lr")

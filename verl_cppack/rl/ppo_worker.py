@@ -97,28 +97,25 @@ class PPOWorker(CPWorker):
         contract cover this rank's tokens; they are summed over the CP group before the optimiser step.
         """
         assert self.ctx is not None and self.critic is not None and self.critic_optimizer is not None
-        batch_size = batch["input_ids"].shape[0]
-        if batch_size % num_mini_batches != 0:
-            raise ValueError(f"batch size {batch_size} is not divisible by num_mini_batches={num_mini_batches}")
-        names = ("value_loss", "value_clip_fraction", "value_mean", "critic_grad_norm")
-        totals = torch.zeros(len(names), device=self.device)  # summed on device, read once at the end
-        for rows in torch.arange(batch_size).chunk(num_mini_batches):
-            mini = {name: tensor.index_select(0, rows).to(self.device) for name, tensor in batch.items()}
-            self.critic_optimizer.zero_grad(set_to_none=False)
+
+        def value_loss(mini: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
             values = critic_values(
                 self.critic, mini["input_ids"], mini["attention_mask"], self.ctx, forward=self.settings.forward
             )
             out = clipped_value_loss(
                 values, mini["old_values"], mini["returns"], mini["loss_mask"], clip_range=self.settings.value_clip
             )
-            out.loss.backward()
-            self._all_reduce_gradients(self.critic)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.settings.critic_max_grad_norm)
-            self.critic_optimizer.step()
-            totals += torch.stack([out.loss, out.clip_fraction, out.value_mean, grad_norm.to(totals)]).detach()
-        if self.rank != 0:
-            return None
-        return dict(zip(names, (totals / num_mini_batches).tolist()))
+            return out.loss, [out.loss, out.clip_fraction, out.value_mean]
+
+        return self._train_epoch(
+            batch,
+            num_mini_batches,
+            self.critic,
+            self.critic_optimizer,
+            self.settings.critic_max_grad_norm,
+            ("value_loss", "value_clip_fraction", "value_mean", "critic_grad_norm"),
+            value_loss,
+        )
 
 
 __all__ = ["PPOWorker", "PPOWorkerSettings", "describe_critic_path", "zero_value_head"]

@@ -198,14 +198,8 @@ class CPWorker:
         group before the optimiser step, which gives the full-sequence gradient.
         """
         assert self.ctx is not None and self.policy is not None and self.optimizer is not None
-        batch_size = batch["input_ids"].shape[0]
-        if batch_size % num_mini_batches != 0:
-            raise ValueError(f"batch size {batch_size} is not divisible by num_mini_batches={num_mini_batches}")
-        names = ("pg_loss", "kl", "clip_fraction", "grad_norm")
-        totals = torch.zeros(len(names), device=self.device)  # summed on device, read once at the end
-        for rows in torch.arange(batch_size).chunk(num_mini_batches):
-            mini = {name: tensor.index_select(0, rows).to(self.device) for name, tensor in batch.items()}
-            self.optimizer.zero_grad(set_to_none=False)
+
+        def policy_loss(mini: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
             log_probs, _ = sequence_log_probs(
                 self.policy,
                 mini["input_ids"],
@@ -223,11 +217,48 @@ class CPWorker:
                 clip_ratio=self.settings.clip_ratio,
                 kl_coef=self.settings.kl_coef,
             )
-            out.loss.backward()
-            self._all_reduce_gradients()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.settings.max_grad_norm)
-            self.optimizer.step()
-            totals += torch.stack([out.pg_loss, out.kl, out.clip_fraction, grad_norm.to(totals)]).detach()
+            return out.loss, [out.pg_loss, out.kl, out.clip_fraction]
+
+        return self._train_epoch(
+            batch,
+            num_mini_batches,
+            self.policy,
+            self.optimizer,
+            self.settings.max_grad_norm,
+            ("pg_loss", "kl", "clip_fraction", "grad_norm"),
+            policy_loss,
+        )
+
+    def _train_epoch(
+        self,
+        batch: dict[str, torch.Tensor],
+        num_mini_batches: int,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        max_grad_norm: float,
+        names: tuple[str, ...],
+        loss_of: Any,
+    ) -> dict[str, float] | None:
+        """One epoch of optimiser steps over ``num_mini_batches`` row chunks of ``batch``.
+
+        ``loss_of(mini) -> (loss, metrics)``; the gradient norm is appended to the metrics, which are summed
+        on the device and read once at the end (rank 0 returns their means under ``names``). Gradients
+        under the gather-back contract cover this rank's tokens; they are summed over the CP group before
+        the step, which gives the full-sequence gradient.
+        """
+        batch_size = batch["input_ids"].shape[0]
+        if batch_size % num_mini_batches != 0:
+            raise ValueError(f"batch size {batch_size} is not divisible by num_mini_batches={num_mini_batches}")
+        totals = torch.zeros(len(names), device=self.device)
+        for rows in torch.arange(batch_size).chunk(num_mini_batches):
+            mini = {name: tensor.index_select(0, rows).to(self.device) for name, tensor in batch.items()}
+            optimizer.zero_grad(set_to_none=False)
+            loss, metrics = loss_of(mini)
+            loss.backward()
+            self._all_reduce_gradients(module)
+            grad_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_grad_norm)
+            optimizer.step()
+            totals += torch.stack([*metrics, grad_norm.to(totals)]).detach()
         if self.rank != 0:
             return None
         return dict(zip(names, (totals / num_mini_batches).tolist()))
