@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from verl_cppack.bench.batches import rollout_batch as rollout_batch_padded
-from verl_cppack.bench.counters import OpCounter, TolistCounter
+from verl_cppack.bench.counters import OpCounter, HostReadCounter
 
 
 def rollout_batch(batch_size: int, seq_len: int, seed: int = 0):
@@ -49,7 +49,7 @@ def measure(call, repeats: int, before=None):
         times.append(time.perf_counter() - start)
     if before is not None:
         before()
-    with TolistCounter() as tolist, OpCounter() as counter:
+    with HostReadCounter() as tolist, OpCounter() as counter:
         call()
     return statistics.median(times), counter.total_ops, counter.syncs() + tolist.calls
 

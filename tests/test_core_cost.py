@@ -6,12 +6,12 @@ import torch.distributed as dist
 from tests.distributed import run_gloo
 from verl_cppack import ParallelContext, plan_from_mask, plan_from_nested
 from verl_cppack.bench.batches import rollout_batch
-from verl_cppack.bench.counters import OpCounter, TolistCounter
+from verl_cppack.bench.counters import OpCounter, HostReadCounter
 
 
 def _micro_batch(batch_size, ctx):
     input_ids, mask = rollout_batch(batch_size, 32)
-    with OpCounter() as counter, TolistCounter() as tolist:
+    with OpCounter() as counter, HostReadCounter() as tolist:
         plan = plan_from_mask(mask, ctx)
         packed = [plan.pack(input_ids), plan.pack(input_ids, shift=1), plan.pack(mask)]
         log_probs = packed[0].float()  # stands for the model output
@@ -44,7 +44,7 @@ def test_nested_plan_is_flat_and_syncs_once():
         generator = torch.Generator().manual_seed(1)
         lengths = torch.randint(1, 30, (batch_size,), generator=generator).tolist()
         nested = torch.nested.nested_tensor([torch.ones(n) for n in lengths], layout=torch.jagged)
-        with OpCounter() as counter, TolistCounter() as tolist:
+        with OpCounter() as counter, HostReadCounter() as tolist:
             plan = plan_from_nested(nested, ParallelContext())
             plan.unpack(plan.pack(nested))
         return counter.ops, counter.syncs() + tolist.calls
@@ -56,7 +56,7 @@ def test_nested_plan_is_flat_and_syncs_once():
 
 def test_the_counter_detects_a_sync():
     """The instrument itself: a data-dependent op is seen."""
-    with OpCounter() as counter, TolistCounter() as tolist:
+    with OpCounter() as counter, HostReadCounter() as tolist:
         torch.arange(3).nonzero()
         int(torch.arange(3).sum())
         torch.arange(3).tolist()

@@ -1,5 +1,6 @@
 """Layouts: zigzag equals Transformer Engine's partitioner token for token; every layout is a permutation."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -7,7 +8,7 @@ from hypothesis import strategies as st
 
 from tests.oracle import te_partitioned_indices
 from verl_cppack import get_layout, zigzag_indices
-from verl_cppack.core.runs import repeat_runs
+from verl_cppack.core.runs import linear_runs, repeat_runs
 
 
 @st.composite
@@ -79,11 +80,23 @@ def test_unknown_layout_is_rejected():
         get_layout("striped")
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 6), min_size=1, max_size=10), st.integers(1, 3), st.integers(0, 2**16))
-def test_repeat_runs_equals_repeat_interleave(lengths, rows, seed):
-    values = torch.randint(-1000, 1000, (rows, len(lengths)), generator=torch.Generator().manual_seed(seed))
-    lengths_tensor = torch.tensor(lengths)
-    expected = torch.repeat_interleave(values, lengths_tensor, dim=1)
-    assert torch.equal(repeat_runs(values, lengths_tensor, sum(lengths)), expected)
-    assert torch.equal(repeat_runs(values[0], lengths_tensor, sum(lengths)), expected[0])
+runs_tables = st.lists(st.tuples(st.integers(0, 6), st.integers(-1000, 1000), st.booleans()), min_size=1, max_size=12)
+CPU = torch.device("cpu")
+
+
+@settings(max_examples=80, deadline=None)
+@given(runs_tables)
+def test_repeat_runs_equals_repeat_interleave(runs):
+    lengths, values, _ = (np.array(column, dtype=np.int64) for column in zip(*runs))
+    expected = torch.repeat_interleave(torch.from_numpy(values), torch.from_numpy(lengths))
+    assert torch.equal(repeat_runs(values, lengths, int(lengths.sum()), CPU), expected)
+
+
+@settings(max_examples=120, deadline=None)
+@given(runs_tables, st.sampled_from([torch.int64, torch.int32]))
+def test_linear_runs_count_up_like_a_loop(runs, dtype):
+    """Run k counts up by one from its first value; zero-length runs anywhere (first, last, in a row)."""
+    lengths, firsts, _ = (np.array(column, dtype=np.int64) for column in zip(*runs))
+    expected = [first + step for length, first in zip(lengths, firsts) for step in range(length)]
+    values = linear_runs(firsts, lengths, int(lengths.sum()), CPU, dtype)
+    assert values.dtype == dtype and values.tolist() == expected

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from verl_cppack import ParallelContext
-from verl_cppack.bench.counters import OpCounter, TolistCounter
+from verl_cppack.bench.counters import OpCounter, HostReadCounter
 from verl_cppack.loss import document_mean_loss, token_mean_loss
 from verl_cppack.packing.documents import pack_documents
 
@@ -25,7 +25,7 @@ def token_batch(batch_size: int, seq_len: int = 32, seed: int = 0) -> torch.Tens
 def costs(batch_size: int, ctx: ParallelContext) -> dict[str, tuple[int, int]]:
     tokens = token_batch(batch_size)
     result = {}
-    with OpCounter() as counter, TolistCounter() as tolist:
+    with OpCounter() as counter, HostReadCounter() as tolist:
         docs = pack_documents(tokens, eod_id=EOD, pad_id=PAD, ctx=ctx, mtp_depth=2)
     result["pack"] = (counter.total_ops, counter.syncs() + tolist.calls)
     losses = docs.tokens.double()
@@ -34,7 +34,7 @@ def costs(batch_size: int, ctx: ParallelContext) -> dict[str, tuple[int, int]]:
         ("token_raise", lambda: token_mean_loss(losses, docs.loss_mask)),
         ("document_skip", lambda: document_mean_loss(losses, docs.loss_mask, docs.document_ids, docs.num_documents, on_empty="skip")),
     ):
-        with OpCounter() as counter, TolistCounter() as tolist:
+        with OpCounter() as counter, HostReadCounter() as tolist:
             reduce()
         result[name] = (counter.total_ops, counter.syncs() + tolist.calls)
     return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_cppack.bench.counters import OpCounter, TolistCounter
+from verl_cppack.bench.counters import OpCounter, HostReadCounter
 
 
 def _batch(batch_size: int, seq_len: int = 24):
@@ -59,13 +59,13 @@ def micro_batch_syncs(ours, mask, ids, nested) -> dict[str, int]:
 
     batch, seq_len = mask.shape
     clear_plan_caches()
-    with TolistCounter() as legacy_tolist, OpCounter() as legacy:
+    with HostReadCounter() as legacy_tolist, OpCounter() as legacy:
         packed, params = ours.preprocess_packed_seqs(ids, mask)
         ours.preprocess_packed_seqs(ids, mask)  # labels
         ours.preprocess_packed_seqs(mask, mask)  # label mask
         for _ in range(2):  # log-probs, entropy
             ours.postprocess_packed_seqs(packed.float(), params, mask, batch, seq_len)
-    with TolistCounter() as engine_tolist, OpCounter() as engine:
+    with HostReadCounter() as engine_tolist, OpCounter() as engine:
         packed, params, _ = ours.preprocess_thd_engine(nested)
         ours.preprocess_thd_engine(nested, need_roll=True)
         for _ in range(2):

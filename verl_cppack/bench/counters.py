@@ -69,18 +69,28 @@ def _has_bool_index(args: tuple) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
 
 
-class TolistCounter:
-    """``Tensor.tolist`` copies to the host without dispatching an op: count it by wrapping the method."""
+class HostReadCounter:
+    """Host reads that dispatch no ATen op on the CPU: ``Tensor.tolist`` (verl's) and ``read_to_host`` (the plan's
+    one read), counted by wrapping them for the duration of the ``with`` block."""
 
-    def __enter__(self) -> "TolistCounter":
-        self.calls, self._original = 0, torch.Tensor.tolist
+    def __enter__(self) -> "HostReadCounter":
+        from verl_cppack.core import host
 
-        def counting_tolist(tensor):
-            self.calls += 1
-            return self._original(tensor)
+        self.calls = 0
+        self._originals = (torch.Tensor.tolist, host.read_to_host)
 
-        torch.Tensor.tolist = counting_tolist
+        def counting(original):
+            def wrapper(*args, **kwargs):
+                self.calls += 1
+                return original(*args, **kwargs)
+
+            return wrapper
+
+        torch.Tensor.tolist = counting(self._originals[0])
+        host.read_to_host = counting(self._originals[1])
         return self
 
     def __exit__(self, *exc) -> None:
-        torch.Tensor.tolist = self._original
+        from verl_cppack.core import host
+
+        torch.Tensor.tolist, host.read_to_host = self._originals

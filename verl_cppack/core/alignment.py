@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from verl_cppack.core.checks import require_int
 
@@ -58,22 +58,13 @@ class Alignment:
             stream_multiple=base_multiple * FP8_STREAM_FACTOR,
         )
 
-    def pad(self, seqlens: torch.Tensor, num_sequences: torch.Tensor | None = None) -> torch.Tensor:
-        """``seqlens`` [n] (any integer dtype) -> padded slot lengths [n] int64, on the same device.
-
-        ``num_sequences`` ([] tensor, no host read): ``seqlens`` is a capacity-sized buffer whose first
-        ``num_sequences`` entries are the sequences and the rest zeros; the stream extension then goes to
-        the last real slot and the zero entries stay zero.
-        """
-        seqlens = seqlens.long()
-        slot_lengths = (seqlens + self.slot_multiple - 1) // self.slot_multiple * self.slot_multiple
-        total = slot_lengths.sum()
-        target = (total + self.stream_multiple - 1) // self.stream_multiple * self.stream_multiple
-        minimum = -(-self.min_stream_length // self.stream_multiple) * self.stream_multiple
-        extension = target.clamp(min=minimum) - total  # [] >= 0, a multiple of slot_multiple
-        if num_sequences is None:
-            last_slot = torch.zeros_like(slot_lengths)
-            last_slot[-1:] = 1
-        else:
-            last_slot = (torch.arange(seqlens.numel(), device=seqlens.device) == num_sequences - 1).long()
-        return slot_lengths + last_slot * extension
+    def pad(self, seqlens: np.ndarray) -> np.ndarray:
+        """``seqlens`` [n] (host, integer) -> padded slot lengths [n] int64; the stream extension goes to the last slot."""
+        seqlens = np.asarray(seqlens, dtype=np.int64)
+        multiple = self.slot_multiple
+        slot_lengths = -(-seqlens // multiple) * multiple
+        total = int(slot_lengths.sum())
+        stream = self.stream_multiple
+        target = max(-(-total // stream) * stream, -(-self.min_stream_length // stream) * stream)
+        slot_lengths[-1] += target - total  # >= 0, a multiple of slot_multiple: the last slot stays aligned
+        return slot_lengths

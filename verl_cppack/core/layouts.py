@@ -1,24 +1,62 @@
 """How the padded THD stream is cut across context-parallel ranks.
 
 A layout maps the global padded stream (length ``T``, slots given by ``cu_seqlens_padded``) to
-``cp_size`` local streams of ``T / cp_size`` tokens each. ``partition`` returns every rank's local
-index at once, ``[cp_size, T / cp_size]``: row ``r`` lists, in local order, the global stream
-positions rank ``r`` holds. Rows concatenated are a permutation of ``range(T)``.
+``cp_size`` local streams of ``T / cp_size`` tokens each. It describes each rank's local stream as
+``Runs``: pieces of slots (a slot, offsets ``[offset, offset + length)`` inside it) in local order. Every
+per-position index a plan needs is expanded from these runs (``core.runs``); ``partition`` is the stream
+positions themselves, ``[cp_size, T / cp_size]``, whose rows concatenated are a permutation of ``range(T)``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import check_cu_seqlens_padded, require_int
-from verl_cppack.core.runs import repeat_runs
+from verl_cppack.core import host
+from verl_cppack.core.runs import linear_runs
 
 LayoutName = Literal["zigzag", "contiguous"]
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Pieces of slots laid out one after another (host tables): the run at each index of ``offset`` /
+    ``length`` (read in row-major order) holds offsets ``[offset, offset + length)`` of the slot given by its
+    index along ``slot_dim``. Per-slot ``[n]`` arrays broadcast against the runs through ``per_slot``."""
+
+    offset: np.ndarray  # [..., n, ...] int64 offset inside the slot where each run begins
+    length: np.ndarray  # same shape (may be a broadcast view), zero allowed
+    slot_dim: int  # the dimension of offset/length that indexes slots
+    total: int  # length.sum()
+
+    @classmethod
+    def whole_slots(cls, cu_seqlens_padded: np.ndarray) -> "Runs":
+        """The stream itself: one run per slot."""
+        slot_lengths = np.diff(cu_seqlens_padded)
+        return cls(np.zeros_like(slot_lengths), slot_lengths, 0, int(cu_seqlens_padded[-1]))
+
+    def per_slot(self, values: np.ndarray) -> np.ndarray:
+        """``values`` [n] -> a view that broadcasts against ``offset`` along the slot dimension."""
+        shape = [1] * self.offset.ndim
+        shape[self.slot_dim] = -1
+        return values.reshape(shape)
+
+    def flat(self, values: np.ndarray) -> np.ndarray:
+        """An array broadcastable to the runs' shape -> [k], one entry per run in layout order."""
+        return np.broadcast_to(values, self.offset.shape).reshape(-1)
+
+    def stream_positions(self, cu_seqlens_padded: np.ndarray, device: torch.device) -> torch.Tensor:
+        """[total] int64 global stream position of each position of the runs."""
+        first = self.per_slot(cu_seqlens_padded[:-1]) + self.offset
+        return linear_runs(self.flat(first), self.flat(self.length), self.total, device)
 
 
 class Layout(ABC):
@@ -37,8 +75,16 @@ class Layout(ABC):
         """Raise ``ValueError`` if streams padded with ``alignment`` cannot be cut for ``ctx``."""
 
     @abstractmethod
+    def runs(self, cu_seqlens_padded: np.ndarray, cp_size: int, ranks: Sequence[int]) -> Runs:
+        """The local streams of ``ranks`` (in that order) as runs; ``cu_seqlens_padded`` [n+1] int64 host
+        offsets, assumed valid."""
+
     def partition(self, cu_seqlens_padded: torch.Tensor, total_length: int, cp_size: int) -> torch.Tensor:
-        """All ranks' local indices, ``[cp_size, total_length // cp_size]`` int64 (inputs assumed valid)."""
+        """All ranks' local indices, ``[cp_size, total_length // cp_size]`` int64 on the offsets' device
+        (inputs assumed valid; reads the offsets to the host)."""
+        (cu,) = host.read_to_host(cu_seqlens_padded)
+        runs = self.runs(cu, cp_size, range(cp_size))
+        return runs.stream_positions(cu, cu_seqlens_padded.device).view(cp_size, -1)
 
     def keeps_stream_order(self, cp_size: int) -> bool:
         """True when the ranks' local streams, concatenated, are the stream itself (no permutation)."""
@@ -68,22 +114,18 @@ class ZigzagLayout(Layout):
             )
         self._check_tp(alignment, ctx)
 
-    def partition(self, cu_seqlens_padded: torch.Tensor, total_length: int, cp_size: int) -> torch.Tensor:
-        device = cu_seqlens_padded.device
+    def runs(self, cu_seqlens_padded: np.ndarray, cp_size: int, ranks: Sequence[int]) -> Runs:
         if cp_size == 1:
-            return torch.arange(total_length, device=device).unsqueeze(0)
-        # Every rank's local stream is 2n chunks (front and back chunk of each slot), each a run of
-        # consecutive stream positions. Laid out rank after rank, position q of the rank-major order sits
-        # in run j at offset q - run_start[j], so its stream position is q + (stream_start[j] - run_start[j]).
-        cu = cu_seqlens_padded.long()
-        chunk = (cu[1:] - cu[:-1]) // (2 * cp_size)  # [n] chunk length of each slot
-        ranks = torch.arange(cp_size, device=device).view(cp_size, 1, 1)  # [cp, 1, 1]
-        chunk_id = torch.cat([ranks, 2 * cp_size - 1 - ranks], dim=2)  # [cp, 1, 2] front, back
-        stream_start = (cu[:-1].view(1, -1, 1) + chunk_id * chunk.view(1, -1, 1)).reshape(-1)  # [cp*n*2]
-        run_lengths = chunk.view(1, -1, 1).expand(cp_size, -1, 2).reshape(-1)  # [cp*n*2]
-        run_start = torch.cumsum(run_lengths, 0) - run_lengths  # [cp*n*2] in the rank-major order
-        rank_major = repeat_runs(stream_start - run_start, run_lengths, total_length)  # [T]
-        return rank_major.add_(torch.arange(total_length, device=device)).view(cp_size, -1)  # [cp, T_local]
+            return Runs.whole_slots(cu_seqlens_padded)
+        # Rank r holds, for every slot, its front chunk r then its back chunk 2*CP-1-r: runs [R, n, 2].
+        chunk = (np.diff(cu_seqlens_padded) // (2 * cp_size)).reshape(1, -1, 1)  # [1, n, 1] chunk length of each slot
+        chunk_id = np.array([[r, 2 * cp_size - 1 - r] for r in ranks]).reshape(-1, 1, 2)  # [R, 1, 2]
+        return Runs(
+            offset=chunk_id * chunk,
+            length=np.broadcast_to(chunk, (len(chunk_id), chunk.shape[1], 2)),
+            slot_dim=1,
+            total=len(chunk_id) * (int(cu_seqlens_padded[-1]) // cp_size),
+        )
 
 
 class ContiguousLayout(Layout):
@@ -97,8 +139,18 @@ class ContiguousLayout(Layout):
     def keeps_stream_order(self, cp_size: int) -> bool:
         return True
 
-    def partition(self, cu_seqlens_padded: torch.Tensor, total_length: int, cp_size: int) -> torch.Tensor:
-        return torch.arange(total_length, device=cu_seqlens_padded.device).view(cp_size, -1)
+    def runs(self, cu_seqlens_padded: np.ndarray, cp_size: int, ranks: Sequence[int]) -> Runs:
+        # Rank r holds [r*L, (r+1)*L) of the stream (L = T / CP): every slot clipped to that window, runs [R, n].
+        local_length = int(cu_seqlens_padded[-1]) // cp_size
+        window_start = np.array([r * local_length for r in ranks]).reshape(-1, 1)  # [R, 1]
+        start = np.maximum(cu_seqlens_padded[:-1], window_start)  # [R, n]
+        end = np.minimum(cu_seqlens_padded[1:], window_start + local_length)  # [R, n]
+        return Runs(
+            offset=start - cu_seqlens_padded[:-1],
+            length=np.maximum(end - start, 0),
+            slot_dim=1,
+            total=len(window_start) * local_length,
+        )
 
 
 _LAYOUTS: dict[str, Layout] = {"zigzag": ZigzagLayout(), "contiguous": ContiguousLayout()}
@@ -122,5 +174,6 @@ def zigzag_indices(cu_seqlens_padded: torch.Tensor, cp_size: int, cp_rank: int) 
     require_int("cp_rank", cp_rank, minimum=0)
     if cp_rank >= cp_size:
         raise ValueError(f"cp_rank must be < cp_size, got cp_rank={cp_rank}, cp_size={cp_size}")
-    cu, total_length = check_cu_seqlens_padded(cu_seqlens_padded, slot_divisor=2 * cp_size)
-    return ZigzagLayout().partition(cu, total_length, cp_size)[cp_rank]
+    cu, _ = check_cu_seqlens_padded(cu_seqlens_padded, slot_divisor=2 * cp_size)
+    (cu_host,) = host.read_to_host(cu)
+    return ZigzagLayout().runs(cu_host, cp_size, [cp_rank]).stream_positions(cu_host, cu.device)

@@ -1,20 +1,66 @@
-"""Run-length expansion: the one primitive behind per-token quantities that are constant per sequence."""
+"""Run-length expansion: per-run tables on the host -> per-position tensors on the device.
+
+Every per-token index of a plan is piecewise constant or piecewise ``+1`` over *runs* of consecutive
+positions (a slot, a CP chunk of a slot, its real tokens, its padding). The per-run arithmetic is numpy on
+the host (``k`` entries); the device does one scatter of ``k`` values at the run starts and one cumulative
+sum over the positions, with no loop over runs and no device->host sync.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
-import torch.nn.functional as F
+
+from verl_cppack.core.host import to_device
 
 
-def repeat_runs(values: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Tensor:
-    """``values`` [..., k], each repeated ``lengths[k]`` times along the last dim -> [..., total].
+def run_starts(lengths: np.ndarray) -> np.ndarray:
+    """``lengths`` [k] -> [k] position where each run begins (exclusive cumulative sum)."""
+    starts = np.cumsum(lengths)
+    starts -= lengths
+    return starts
 
-    Equal to ``torch.repeat_interleave(values, lengths, dim=-1, output_size=total)`` (``total`` must be
-    ``lengths.sum()``; zero-length runs allowed) for integer ``values``, computed as a cumulative sum of the
-    steps between runs: one ``index_add`` at the run starts and one ``cumsum``, no host sync.
+
+def repeat_runs(
+    values: np.ndarray, lengths: np.ndarray, total: int, device: torch.device, dtype: torch.dtype = torch.long
+) -> torch.Tensor:
+    """``values[k]`` repeated ``lengths[k]`` times -> [total] ``dtype`` on ``device``.
+
+    Equal to ``torch.repeat_interleave(values, lengths, output_size=total)`` (``total`` must be
+    ``lengths.sum()``; zero-length runs allowed): the steps between runs are added at the run starts and
+    summed up. Values must fit ``dtype`` (int8 for 0/1 flags).
     """
-    starts = F.pad(torch.cumsum(lengths, 0), (1, 0))[:-1]  # [k] where each run begins
-    steps = torch.diff(values, dim=-1, prepend=torch.zeros_like(values[..., :1]))  # [..., k]
-    expanded = torch.zeros((*values.shape[:-1], total + 1), dtype=values.dtype, device=values.device)
-    expanded.index_add_(-1, starts, steps)  # empty runs add at the same start; runs past the end land on the spare slot
-    return expanded[..., :total].cumsum_(-1)
+    table = np.empty((2, len(lengths)), dtype=np.int64)  # run starts, steps
+    np.cumsum(lengths, out=table[0])
+    table[0] -= lengths
+    table[1] = values
+    table[1, 1:] -= values[:-1]
+    return _expand(table, torch.zeros(total + 1, dtype=dtype, device=device), total)
+
+
+def linear_runs(
+    first_values: np.ndarray, lengths: np.ndarray, total: int, device: torch.device, dtype: torch.dtype = torch.long
+) -> torch.Tensor:
+    """Run ``k`` counts up by one from ``first_values[k]`` -> [total] ``dtype`` on ``device``.
+
+    ``out[q] = first_values[k] + (q - start[k])`` for ``q`` in run ``k``. ``total`` must be ``lengths.sum()``;
+    zero-length runs are allowed. With ``dtype=torch.int32`` (half the memory traffic) every value must fit.
+
+    The increments ``out[q] - out[q-1]`` are 1, plus at each run start the jump from where counting would go
+    on (the previous run's end + 1; 0 before the first position) to where this run begins; one cumulative
+    sum adds them up. An empty run ends where it begins, so jumps across empty runs telescope.
+    """
+    table = np.empty((2, len(lengths)), dtype=np.int64)  # run starts, jumps
+    np.cumsum(lengths, out=table[0])
+    table[0] -= lengths
+    table[1] = first_values
+    table[1, 1:] -= first_values[:-1] + lengths[:-1]
+    table[1, 0] -= 1
+    return _expand(table, torch.ones(total + 1, dtype=dtype, device=device), total)
+
+
+def _expand(table: np.ndarray, increments: torch.Tensor, total: int) -> torch.Tensor:
+    """Add ``table[1]`` at positions ``table[0]`` of ``increments`` [total + 1] and sum up -> [total] (the spare
+    last slot takes runs that start at ``total``)."""
+    starts, steps = to_device(table, increments.device)
+    return increments.index_add_(0, starts, steps.to(increments.dtype)).cumsum_(0)[:total]

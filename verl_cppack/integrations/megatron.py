@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ class FallbackPackedSeqParams:
     cp_group: Any = None
 
 
+@functools.lru_cache(maxsize=1)
 def packed_seq_params_class() -> type:
     try:
         from megatron.core.packed_seq_params import PackedSeqParams
@@ -37,12 +39,13 @@ def packed_seq_params_class() -> type:
     return PackedSeqParams
 
 
-def packed_seq_params_fields(cls: type) -> set[str]:
+@functools.lru_cache(maxsize=4)
+def packed_seq_params_fields(cls: type) -> frozenset[str]:
     if dataclasses.is_dataclass(cls):
-        return {field.name for field in dataclasses.fields(cls)}
+        return frozenset(field.name for field in dataclasses.fields(cls))
     import inspect
 
-    return set(inspect.signature(cls.__init__).parameters) - {"self"}
+    return frozenset(inspect.signature(cls.__init__).parameters) - {"self"}
 
 
 def packed_seq_params_from_plan(plan: "PackPlan", *, real_seqlens_in_attention: bool = False) -> Any:

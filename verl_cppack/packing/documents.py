@@ -3,11 +3,12 @@
 A *document* is a maximal run of non-PAD tokens of one row that ends at an EOD token (inclusive), just
 before a PAD token, or at the row end. PAD tokens never belong to a document, wherever they stand. The
 documents, in row-major order, are the sequences of an ordinary ``PackPlan`` built by the core builder
-from the ``[B, S]`` token mask and the document lengths: the same offsets, layouts, alignment and the one
+from each document's length and first position: the same offsets, layouts, alignment and the one
 shift function (``plan.pack(tokens, shift=k)``) as every other plan.
 
 Cost: no Python loop over rows or documents, O(B*S + T) device work, and one device->host sync per
-call: the document count rides on the core plan's own sync (``build_plan(..., num_sequences=...)``).
+call: the document count, lengths and starts ride on the core plan's own read (``build_plan(..., num_sequences=...)``,
+capacity-sized buffers: on an accelerator that read copies ``2 * B * S`` integers).
 """
 
 from __future__ import annotations
@@ -105,9 +106,11 @@ class PackedDocuments:
 def segment_documents(
     tokens: torch.Tensor, *, eod_id: int, pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``tokens`` [B, S] -> (token mask ``[B, S]`` bool, document lengths, number of documents ``[]``).
+    """``tokens`` [B, S] -> (document lengths, flat position of each document's first token, number of documents ``[]``).
 
-    Lengths are capacity-sized, ``[B*S]`` int64: the documents in row-major order, then zeros. No host sync.
+    A document is a run of consecutive non-PAD positions of one row, ended by an EOD, a PAD or the row end.
+    Lengths and starts are capacity-sized, ``[B*S]`` int64: the documents in row-major order, then zeros.
+    No host sync.
     """
     valid = tokens != pad_id  # [B, S]
     ends_document = (tokens == eod_id) | ~valid  # [B, S]: an EOD, or a PAD (which ends the run before it)
@@ -116,7 +119,10 @@ def segment_documents(
     starts_document = (valid & follows_end).view(-1)  # [B*S]
     document = (torch.cumsum(starts_document, dim=0) - 1).clamp(min=0)  # [B*S] id of the last document started
     lengths = torch.zeros_like(document).scatter_add_(0, document, valid.view(-1).long())  # [B*S]
-    return valid, lengths, starts_document.sum()
+    capacity = document.numel()
+    starts = torch.zeros(capacity + 1, dtype=torch.long, device=tokens.device)  # one sink slot for non-starts
+    starts.index_copy_(0, torch.where(starts_document, document, capacity), torch.arange(capacity, device=tokens.device))
+    return lengths, starts[:capacity], starts_document.sum()
 
 
 def document_alignment(
@@ -155,9 +161,12 @@ def plan_documents(
     chosen = document_alignment(ctx, layout_, alignment, fp8)
     ctx, layout_, alignment_ = resolve_policy(ctx, layout_, chosen, fp8 and chosen is None)
 
-    token_mask, lengths, num_documents = segment_documents(tokens, eod_id=eod_id, pad_id=pad_id)  # [B,S], [B*S], []
+    lengths, starts, num_documents = segment_documents(tokens, eod_id=eod_id, pad_id=pad_id)  # [B*S], [B*S], []
     no_bad_values = num_documents.new_zeros(())
-    return build_plan(ctx, layout_, alignment_, lengths, tuple(tokens.shape), token_mask, no_bad_values, num_documents)
+    return build_plan(
+        ctx, layout_, alignment_, lengths, tuple(tokens.shape), no_bad_values,
+        sequence_start=starts, num_sequences=num_documents,
+    )
 
 
 def pack_documents(

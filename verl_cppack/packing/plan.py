@@ -22,24 +22,44 @@ sequences, three int8 reductions over the mask and O(N + T) integer work; ``pack
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
 from verl_cppack.collectives.gather import GradientContract, all_gather_rank_major
 from verl_cppack.context import ParallelContext
+from verl_cppack.core import host
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import require_int, require_tensor
-from verl_cppack.core.layouts import Layout, LayoutName, get_layout
-from verl_cppack.core.runs import repeat_runs
+from verl_cppack.core.layouts import Layout, LayoutName, Runs, get_layout
+from verl_cppack.core.runs import linear_runs, repeat_runs, run_starts
+
+
+@dataclass(frozen=True)
+class SequenceTables:
+    """Per-sequence numbers of a plan on the host (numpy int64), read back in the plan's one sync."""
+
+    seqlens: np.ndarray  # [n] real tokens per sequence
+    seqlens_padded: np.ndarray  # [n] slot lengths
+    cu_seqlens: np.ndarray  # [n+1]
+    cu_seqlens_padded: np.ndarray  # [n+1]
+    sequence_start: np.ndarray  # [n] token-space row of each sequence's first token
 
 
 @dataclass(frozen=True, eq=False)
 class PackPlan:
-    """Offsets and indices of one packed micro-batch for one CP rank (see the module docstring)."""
+    """Offsets and indices of one packed micro-batch for one CP rank (see the module docstring).
+
+    Where the tokens come from is kept per sequence (``tables``): sequence ``i``'s ``k``-th real token is
+    token-space row ``sequence_start[i] + k``, and token-space rows are source rows (``token_rows`` is
+    ``None``) or are looked up in ``token_rows``. Every per-position index (``local_source``,
+    ``local_index``, ...) is expanded on the device from those host tables and the layout's runs the first
+    time it is asked for, then kept.
+    """
 
     ctx: ParallelContext
     layout: Layout
@@ -55,27 +75,130 @@ class PackPlan:
     num_valid_tokens: int  # N = cu_seqlens[-1]
     total_length: int  # T = cu_seqlens_padded[-1]
     local_length: int  # T / cp_size
-    local_index: torch.Tensor  # [T_local] int64 stream position of each local position
-    local_valid_mask: torch.Tensor  # [T_local] bool, True at real tokens
-    local_source: torch.Tensor  # [T_local] int64 source row of each local position (0 at padding)
-    stream_source: torch.Tensor  # [T] int64 source row of each stream position; ``source_rows`` at padding
-    rank_major_source: torch.Tensor  # [T] int64 source row of each rank-major position; ``source_rows`` at padding
-    token_rows: torch.Tensor | None  # [N] int64 source row of each real token, in stream order (None: jagged, identity)
+    tables: SequenceTables  # the per-sequence numbers above (and where each sequence's tokens start), on the host
+    token_rows: torch.Tensor | None  # [N] int64 source row of each token in stream order; None: token space = source
+    _packing_sources: dict = field(default_factory=dict, init=False, repr=False)  # (shift, wrap) -> local sources
 
     @property
     def source_rows(self) -> int:
         """Rows of the flattened source: ``B * S`` for a padded source, ``N`` for a jagged one."""
         return self.num_valid_tokens if self.source_shape is None else self.source_shape[0] * self.source_shape[1]
 
+    @property
+    def has_padding(self) -> bool:
+        """Whether the stream holds padding positions (``T > N``)."""
+        return self.total_length > self.num_valid_tokens
+
+    @property
+    def device(self) -> torch.device:
+        return self.cu_seqlens_padded.device
+
+    # ------------------------------------------------------- per-position indices
+    @cached_property
+    def local_runs(self) -> Runs:
+        """This rank's local stream as runs of slot pieces (the layout's cut), host tables."""
+        return self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, [self.ctx.cp_rank])
+
+    @cached_property
+    def local_index(self) -> torch.Tensor:
+        """[T_local] int64 global stream position of each local position."""
+        return self.local_runs.stream_positions(self.tables.cu_seqlens_padded, self.device)
+
     @cached_property
     def local_slot(self) -> torch.Tensor:
         """[T_local] int64 sequence owning each local position."""
-        return torch.searchsorted(self.cu_seqlens_padded, self.local_index, right=True) - 1
+        runs = self.local_runs
+        slots = runs.flat(runs.per_slot(np.arange(self.batch_size)))
+        return repeat_runs(slots, runs.flat(runs.length), runs.total, self.device)
 
     @cached_property
     def local_position_ids(self) -> torch.Tensor:
         """[T_local] int64 offset inside the slot: restarts at 0 for every sequence (padding continues the count)."""
-        return self.local_index - self.cu_seqlens_padded.long().index_select(0, self.local_slot)
+        runs = self.local_runs
+        return linear_runs(runs.flat(runs.offset), runs.flat(runs.length), runs.total, self.device)
+
+    @property
+    def local_source(self) -> torch.Tensor:
+        """[T_local] source row of each local position (an arbitrary in-range row at padding): int32 when the
+        source has fewer than 2**31 rows (half the index traffic of every ``pack``), else int64."""
+        return self._local_packing(0, False).index
+
+    @property
+    def local_valid_mask(self) -> torch.Tensor:
+        """[T_local] bool, True at real tokens."""
+        return self.target_mask(0)[0]
+
+    @cached_property
+    def stream_source(self) -> torch.Tensor:
+        """[T] int64 source row of each stream position; ``>= source_rows`` at padding."""
+        return self._sink_index(Runs.whole_slots(self.tables.cu_seqlens_padded))
+
+    @cached_property
+    def rank_major_source(self) -> torch.Tensor:
+        """[T] int64 source row of each all-gathered (rank-major) position; padding gets the sink rows
+        ``source_rows .. source_rows + T - N - 1``, one each."""
+        if self.ctx.cp_size == 1 and not self.has_padding:
+            return self.local_source.long()  # index_copy_ takes int64 indices
+        return self._sink_index(self._all_ranks_runs())
+
+    @cached_property
+    def rank_major_token(self) -> torch.Tensor:
+        """[T] int64 token index (stream order) of each rank-major position; padding gets ``N .. T - 1``."""
+        return self._sink_index(self._all_ranks_runs(), token_order=True)
+
+    def _all_ranks_runs(self) -> Runs:
+        return self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
+
+    def _sink_index(self, runs: Runs, token_order: bool = False) -> torch.Tensor:
+        """Row of each position of ``runs`` (token index with ``token_order``), padding sent to distinct sink rows
+        past the real ones: an ``index_copy_`` target with ``T - N`` extra rows."""
+        pieces = self._pieces(runs, token_order=token_order)
+        sink = self.num_valid_tokens if token_order or self.token_rows is not None else self.source_rows
+        sink_first = sink + run_starts(np.where(pieces.has_target, 0, pieces.length))
+        values = pieces.expand(sink_first, self.device)
+        if self.token_rows is not None and not token_order:  # token index -> source row; sinks past the rows
+            sinks = torch.arange(self.source_rows, self.source_rows + self.total_length - self.num_valid_tokens, device=self.device)
+            values = torch.cat([self.token_rows, sinks]).index_select(0, values)
+        return values
+
+    def _local_packing(self, shift: int, wrap: bool) -> "_LocalPacking":
+        """How ``pack(x, shift, wrap)`` reads this rank's positions; built once per (shift, wrap)."""
+        key = (shift, wrap and shift > 0)
+        if key not in self._packing_sources:
+            pieces = self._pieces(self.local_runs, shift=shift, wrap=key[1])
+            dtype = torch.int32 if self.source_rows < 2**31 else torch.long
+            limit = self.num_valid_tokens if self.token_rows is not None else self.source_rows
+            index = pieces.expand(0, self.device, limit=limit, dtype=dtype)  # positions without a target read row 0, 1, ...
+            if self.token_rows is not None:
+                index = self.token_rows.index_select(0, index).to(dtype)
+            self._packing_sources[key] = _LocalPacking(index, pieces, pieces.positions_without_target(self.device))
+        return self._packing_sources[key]
+
+    def _pieces(self, runs: Runs, *, shift: int = 0, wrap: bool = False, token_order: bool = False) -> "_Pieces":
+        """Split ``runs`` (host arithmetic) into pieces that count up by one: targets ``shift`` places ahead in
+        the same sequence, targets wrapped round inside it (``wrap`` only), then positions without a target
+        (past the sequence end, or padding). Values are source rows, or token indices with ``token_order`` or
+        when the tokens are looked up in ``token_rows``."""
+        tables = self.tables
+        token_space = token_order or self.token_rows is not None
+        first_token = runs.per_slot(tables.cu_seqlens[:-1] if token_space else tables.sequence_start)
+        offset, length = runs.offset, runs.length
+        seqlen = runs.per_slot(tables.seqlens)
+        shift_ = shift % np.maximum(seqlen, 1) if wrap else shift  # per slot, or an int
+        ahead = np.minimum(np.maximum(seqlen - shift_ - offset, 0), length)  # target o + shift < seqlen
+        firsts, lengths, used = [first_token + offset + shift_], [ahead], ahead
+        if wrap:
+            used = np.minimum(np.maximum(seqlen - offset, 0), length)  # every real token of the run
+            firsts.append(first_token + offset + ahead + shift_ - seqlen)  # target o + shift - seqlen
+            lengths.append(used - ahead)
+        firsts.append(np.zeros_like(offset))
+        lengths.append(length - used)
+        shape = (*offset.shape, len(firsts))
+        first, piece_length, has_target = np.empty(shape, np.int64), np.empty(shape, np.int64), np.ones(shape, bool)
+        for piece, (piece_first, piece_len) in enumerate(zip(firsts, lengths)):
+            first[..., piece], piece_length[..., piece] = piece_first, piece_len
+        has_target[..., -1] = False
+        return _Pieces(first.reshape(-1), piece_length.reshape(-1), has_target.reshape(-1), runs.total)
 
     # ------------------------------------------------------------------ pack
     def pack(self, x: torch.Tensor, *, shift: int = 0, wrap: bool = False) -> torch.Tensor:
@@ -86,43 +209,21 @@ class PackPlan:
         cut; positions whose target lies past the sequence end get zero (see ``target_mask``). With
         ``wrap=True`` the target wraps around inside the sequence instead (verl's ``need_roll``).
         """
+        require_int("shift", shift, minimum=0)
         rows = self._source_rows(x)
-        if shift == 0:
-            source, padding = self.local_source, self.local_padding_mask
-        else:
-            source, valid = self._shifted_source(shift, wrap)
-            padding = ~valid
-        packed = rows.index_select(0, source)  # [T_local, *] fresh, so filled in place
-        return packed.masked_fill_(padding.view(-1, *([1] * (packed.dim() - 1))), 0).unsqueeze(0)
-
-    @cached_property
-    def local_padding_mask(self) -> torch.Tensor:
-        """[T_local] bool, True at padding (``~local_valid_mask``, kept for ``pack``)."""
-        return ~self.local_valid_mask
+        packing = self._local_packing(shift, wrap)
+        packed = rows.index_select(0, packing.index)  # [T_local, *] fresh, so filled in place
+        return packed.index_fill_(0, packing.positions_without_target, 0).unsqueeze(0)  # few: padding, sequence ends
 
     def target_mask(self, shift: int = 1, wrap: bool = False) -> torch.Tensor:
         """``[1, T_local]`` bool: positions whose shifted target (see ``pack``) is a real token."""
-        return self._shifted_source(shift, wrap)[1].unsqueeze(0)
-
-    def _shifted_source(self, shift: int, wrap: bool) -> tuple[torch.Tensor, torch.Tensor]:
         require_int("shift", shift, minimum=0)
-        if shift == 0:
-            return self.local_source, self.local_valid_mask
-        seqlens = self.seqlens.long().index_select(0, self.local_slot)  # [T_local]
-        target = self.local_position_ids + shift  # [T_local] target offset inside the slot
-        if wrap:
-            target = target % seqlens.clamp(min=1)  # the clamp only touches empty slots, which hold no token
-            valid = self.local_valid_mask
-        else:
-            valid = self.local_valid_mask & (target < seqlens)
-        stream_position = self.cu_seqlens_padded.long().index_select(0, self.local_slot) + target
-        source = self.stream_source.index_select(0, torch.where(valid, stream_position, 0))
-        return torch.where(valid, source, 0), valid
+        return self._local_packing(shift, wrap).target_flags.unsqueeze(0)
 
     def _source_rows(self, x: torch.Tensor) -> torch.Tensor:
         require_tensor("x", x)
-        if x.device != self.local_index.device:
-            raise ValueError(f"x is on {x.device} but the plan was built on {self.local_index.device}; move one")
+        if x.device != self.device:
+            raise ValueError(f"x is on {x.device} but the plan was built on {self.device}; move one")
         if self.source_shape is None:
             if not x.is_nested:
                 raise TypeError("this plan was built from sequence lengths: pass a jagged nested tensor")
@@ -161,8 +262,9 @@ class PackPlan:
 
     def unpack_nested(self, y_local: torch.Tensor, *, gradient: GradientContract = "local") -> torch.Tensor:
         """Like ``unpack`` but always a jagged nested tensor ``[n, j, *]`` of the real tokens of each sequence."""
-        rows = self._scatter_rows(all_gather_rank_major(self._check_local(y_local), self.ctx, gradient))
-        values = rows if self.token_rows is None else rows.index_select(0, self.token_rows)  # [N, *]
+        gathered = all_gather_rank_major(self._check_local(y_local), self.ctx, gradient)  # [T, *]
+        values = gathered.new_zeros(gathered.shape)  # [T, *]: the N tokens, then a sink row per padding position
+        values = values.index_copy_(0, self.rank_major_token, gathered)[: self.num_valid_tokens]  # [N, *]
         return torch.nested.nested_tensor_from_jagged(values, offsets=self.cu_seqlens.long())
 
     def _check_local(self, y_local: torch.Tensor) -> torch.Tensor:
@@ -175,8 +277,8 @@ class PackPlan:
         return y_local[0]
 
     def _scatter_rows(self, gathered: torch.Tensor) -> torch.Tensor:
-        """Rank-major ``[T, *]`` -> source rows ``[source_rows, *]``, zeros where no token lands (one extra sink row)."""
-        rows = gathered.new_zeros((self.source_rows + 1, *gathered.shape[1:]))
+        """Rank-major ``[T, *]`` -> source rows ``[source_rows, *]``, zeros where no token lands (padding goes to sink rows)."""
+        rows = gathered.new_zeros((self.source_rows + self.total_length - self.num_valid_tokens, *gathered.shape[1:]))
         return rows.index_copy_(0, self.rank_major_source, gathered)[: self.source_rows]
 
     def _to_source_layout(self, rows: torch.Tensor) -> torch.Tensor:
@@ -190,6 +292,48 @@ class PackPlan:
         from verl_cppack.integrations.megatron import packed_seq_params_from_plan
 
         return packed_seq_params_from_plan(self, real_seqlens_in_attention=real_seqlens_in_attention)
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """Host table of a stream cut into pieces that each count up by one from ``first`` over ``length``
+    positions; ``has_target`` marks the pieces whose positions hold a token (the others are filled in)."""
+
+    first: np.ndarray  # [p] int64, meaningful where has_target
+    length: np.ndarray  # [p] int64, zero allowed
+    has_target: np.ndarray  # [p] bool
+    total: int  # length.sum()
+
+    def expand(self, filler_first: np.ndarray | int, device: torch.device, *, limit: int | None = None,
+               dtype: torch.dtype = torch.long) -> torch.Tensor:
+        """[total] values; pieces without a target count up from ``filler_first`` instead, capped at
+        ``limit - 1`` when given (so they stay valid rows to read)."""
+        first = np.where(self.has_target, self.first, filler_first)
+        values = linear_runs(first, self.length, self.total, device, dtype=dtype)
+        if limit is not None and np.where(self.has_target, 0, first + self.length).max() > limit:
+            values.clamp_(max=limit - 1)
+        return values
+
+    def positions_without_target(self, device: torch.device) -> torch.Tensor:
+        """[P] int64 positions of the pieces without a target (P may be 0)."""
+        lengths = np.where(self.has_target, 0, self.length)
+        return linear_runs(run_starts(self.length), lengths, int(lengths.sum()), device)
+
+
+@dataclass(frozen=True)
+class _LocalPacking:
+    """What ``pack(x, shift, wrap)`` needs on this rank: the row each position reads, and the positions to zero."""
+
+    index: torch.Tensor  # [T_local] int32/int64 source row of each position (a filler row where there is no target)
+    pieces: _Pieces
+    positions_without_target: torch.Tensor  # [P] int64, P may be 0
+
+    @cached_property
+    def target_flags(self) -> torch.Tensor:
+        """[T_local] bool, True where the position holds its target."""
+        pieces = self.pieces
+        device = self.index.device
+        return repeat_runs(pieces.has_target.astype(np.int8), pieces.length, pieces.total, device, torch.int8).view(torch.bool)
 
 
 # ====================================================================== builders
@@ -221,7 +365,9 @@ def plan_from_mask(
     if attention_mask.dtype != torch.bool:
         num_bad_values = ((attention_mask != 0) & (attention_mask != 1)).sum()
         attention_mask = attention_mask != 0
-    return build_plan(ctx, layout_, alignment_, None, (batch_size, seq_len), attention_mask, num_bad_values)
+    return build_plan(
+        ctx, layout_, alignment_, None, (batch_size, seq_len), num_bad_values, mask_rows=_MaskRows(attention_mask)
+    )
 
 
 def plan_from_lengths(
@@ -243,7 +389,7 @@ def plan_from_lengths(
     if seqlens.dim() != 1 or seqlens.numel() < 1:
         raise ValueError(f"seqlens must be 1-D with at least one sequence, got shape {tuple(seqlens.shape)}")
     ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
-    return build_plan(ctx, layout_, alignment_, seqlens, None, None, (seqlens < 0).sum())
+    return build_plan(ctx, layout_, alignment_, seqlens, None, (seqlens < 0).sum())
 
 
 def plan_from_nested(
@@ -282,121 +428,139 @@ def resolve_policy(
     return ctx, layout_, alignment_
 
 
-def _cumsum0(lengths: torch.Tensor) -> torch.Tensor:
-    return F.pad(torch.cumsum(lengths, dim=0), (1, 0))
+def _cumsum0(lengths: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)])
 
 
-class _TokenRows:
-    """Where the tokens of a ``[B, S]`` bool mask sit, read in row-major order.
+class _MaskRows:
+    """Where the tokens of a ``[B, S]`` bool mask sit: per-row counts, first and last token column.
 
-    Rollout rows (left-padded prompt + right-padded response) hold one run of tokens each; then the
-    positions follow from each row's first column in O(N). Rows with gaps take the general path: a rank
-    per mask entry and a scatter, O(B*S). ``gapped_rows`` is read in the plan's one sync to choose.
+    The device computes a few ``[B]`` statistics (``device_stats``, read back in the plan's one sync); the
+    host turns them into columns (``extents``). A row whose tokens form one run (rollouts: left-padded
+    prompt + right-padded response) is then fully described by its first column and count; rows with gaps
+    need the general O(B*S) rank-and-scatter of ``token_positions``.
+
+    When ``S % 8 == 0`` the mask is read as 8-byte words (8 columns each) so the scans run over ``S/8``
+    words: the first and last non-zero word of each row, whose bytes the host inspects, and token counts as
+    lane-wise word sums (a byte lane counts its column's tokens, below 128 per group of words, so lanes never
+    carry) read back as bytes.
     """
 
     def __init__(self, token_mask: torch.Tensor) -> None:
         self.mask = token_mask.contiguous()  # [B, S] bool
-        as_int8 = self.mask.view(torch.int8)  # same bytes; int8 reductions are the cheap ones
-        self.row_counts = as_int8.sum(dim=1, dtype=torch.int32).long()  # [B]
-        self.first_column = as_int8.argmax(dim=1)  # [B] first token of each row (0 for an empty row)
-        last_column = self.mask.shape[1] - 1 - as_int8.flip(1).argmax(dim=1)  # [B]
-        one_run = last_column - self.first_column + 1 == self.row_counts
-        self.gapped_rows = (~one_run & (self.row_counts > 0)).sum()  # [] rows whose tokens are not one run
-
-    def positions(self, token_index: torch.Tensor, contiguous: bool) -> torch.Tensor:
-        """``token_index`` = arange(N) -> [N] flat ``b * S + s`` of the n-th token."""
         batch_size, seq_len = self.mask.shape
-        device = self.mask.device
-        num_tokens = token_index.numel()
-        if contiguous:
-            row_start = torch.arange(batch_size, device=device) * seq_len + self.first_column  # [B]
-            shift = row_start - _cumsum0(self.row_counts)[:-1]  # [B]
-            return repeat_runs(shift, self.row_counts, num_tokens).add_(token_index)
+        self.by_words = seq_len % 8 == 0 and self.mask.storage_offset() % 8 == 0
+        if self.by_words:
+            words = self.mask.view(torch.int64)  # [B, W]: word w holds columns 8w .. 8w+7, one byte each
+            occupied = (words != 0).view(torch.int8)  # [B, W]
+            edges = torch.stack([occupied.argmax(dim=1), (words.shape[1] - 1) - occupied.flip(1).argmax(dim=1)], dim=1)
+            group = _lane_group(words.shape[1])
+            counts = words.view(batch_size, -1, group).sum(dim=2).view(torch.int8).sum(dim=1, dtype=torch.int32)
+            self.device_stats = (counts, edges, words.gather(1, edges))  # [B], [B, 2] first/last word, their bytes
+        else:
+            as_int8 = self.mask.view(torch.int8)
+            first = as_int8.argmax(dim=1)
+            last = (seq_len - 1) - as_int8.flip(1).argmax(dim=1)
+            self.device_stats = (as_int8.sum(dim=1, dtype=torch.int32), torch.stack([first, last], 1))
+
+    def extents(self, host_stats: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The read-back ``device_stats`` -> (tokens, first token column, last token column) per row, [B]
+        (an empty row has 0 tokens; its columns are meaningless)."""
+        counts, edges = host_stats[0], host_stats[1].reshape(-1, 2)
+        if not self.by_words:
+            return counts, edges[:, 0], edges[:, 1]
+        edge_bytes = host_stats[2].reshape(-1, 2).view(np.uint8).reshape(-1, 2, 8) != 0  # memory order = columns
+        first_byte = edge_bytes[:, 0].argmax(axis=1)
+        last_byte = 7 - edge_bytes[:, 1, ::-1].argmax(axis=1)
+        return counts, edges[:, 0] * 8 + first_byte, edges[:, 1] * 8 + last_byte
+
+    def token_positions(self, num_tokens: int) -> torch.Tensor:
+        """[N] flat ``b * S + s`` of the n-th token in row-major order (any mask)."""
         flat = self.mask.reshape(-1)
         rank = torch.where(flat, torch.cumsum(flat, 0) - 1, num_tokens)  # [B*S], non-tokens to a sink
-        positions = torch.empty(num_tokens + 1, dtype=torch.long, device=device)
-        return positions.index_copy_(0, rank, torch.arange(flat.numel(), device=device))[:num_tokens]
+        positions = torch.empty(num_tokens + 1, dtype=torch.long, device=flat.device)
+        return positions.index_copy_(0, rank, torch.arange(flat.numel(), device=flat.device))[:num_tokens]
+
+
+@functools.lru_cache(maxsize=64)
+def _lane_group(num_words: int) -> int:
+    """The most words (a divisor of ``num_words``, at most 127) whose byte-lane sums stay below 128."""
+    return max(d for d in range(1, min(num_words, 127) + 1) if num_words % d == 0)
 
 
 def build_plan(
     ctx: ParallelContext,
     layout: Layout,
     alignment: Alignment,
-    seqlens: torch.Tensor | None,  # [n] any integer dtype: tokens of each sequence, in stream order; None: one per row
+    seqlens: torch.Tensor | None,  # [n] any integer dtype: tokens of each sequence, in stream order; None: one per mask row
     source_shape: tuple[int, int] | None,  # (B, S) of a padded source; None for a jagged source
-    token_mask: torch.Tensor | None,  # [B, S] bool: which source rows are tokens (None: jagged, all are)
     num_bad_values: torch.Tensor,  # [] count of invalid input values, reported after the sync
-    num_sequences: torch.Tensor | None = None,  # []: seqlens is a capacity buffer, its first num_sequences are real
+    *,
+    mask_rows: _MaskRows | None = None,  # the token mask of a padded source whose rows are the sequences
+    sequence_start: torch.Tensor | None = None,  # [n] source row of each sequence's first token (documents)
+    num_sequences: torch.Tensor | None = None,  # []: seqlens/sequence_start are capacity buffers, the first ones real
 ) -> PackPlan:
-    """The one plan builder. The tokens of ``token_mask``, read in row-major order, are cut into sequences
-    of ``seqlens`` tokens each: rows of a padded batch, documents of a token batch, or jagged sequences.
-    ``seqlens`` must sum to the number of tokens (callers derive both from the same data)."""
-    rows = _TokenRows(token_mask) if token_mask is not None else None
-    seqlens = rows.row_counts if seqlens is None else seqlens.long()
-    device = seqlens.device
-    seqlens_padded = alignment.pad(seqlens, num_sequences)  # [n]
-    cu_seqlens, cu_seqlens_padded = _cumsum0(seqlens), _cumsum0(seqlens_padded)  # [n+1]
-    count = seqlens.new_tensor(seqlens.numel()) if num_sequences is None else num_sequences.long()
+    """The one plan builder. Sequence ``i`` is ``seqlens[i]`` consecutive tokens: of the source rows from
+    ``sequence_start[i]`` (documents), of a mask row (``mask_rows``), or of a jagged source (neither).
 
-    # The one device->host sync of the plan: sizes to allocate, and the value checks.
-    total_length, num_valid_tokens, max_seqlen, max_seqlen_padded, bad, n, gapped_rows = torch.stack(
-        [
-            cu_seqlens_padded[-1],
-            cu_seqlens[-1],
-            seqlens.max(),
-            seqlens_padded.max(),
-            num_bad_values.long(),
-            count,
-            count.new_zeros(()) if rows is None else rows.gapped_rows,
-        ]
-    ).tolist()
-    if num_sequences is not None:  # keep the real sequences of the capacity buffer (views, no sync)
-        seqlens, seqlens_padded, cu_seqlens, cu_seqlens_padded = (
-            seqlens[:n], seqlens_padded[:n], cu_seqlens[: n + 1], cu_seqlens_padded[: n + 1]
-        )
+    One device->host read brings back the per-sequence lengths (and starts) with the value checks; the
+    offsets are numpy on the host and travel back to the device in one copy.
+    """
+    device = num_bad_values.device
+    count = num_bad_values.new_zeros((), dtype=torch.long) if num_sequences is None else num_sequences.long()
+    checks = torch.stack([num_bad_values.long(), count])
+    if mask_rows is not None:
+        per_sequence = mask_rows.device_stats
+    else:
+        per_sequence = (seqlens,) if sequence_start is None else (seqlens, sequence_start)
+    # The one device->host sync of the plan.
+    (bad, n), *per_sequence_host = host.read_to_host(checks, *per_sequence)
     if bad:
-        what = "attention_mask values must be 0 or 1" if token_mask is not None else "seqlens must be >= 0"
+        what = "seqlens must be >= 0" if source_shape is None else "attention_mask values must be 0 or 1"
         raise ValueError(f"{what}; found {bad} offending entries")
-    if num_valid_tokens == 0:
+    gapped_rows = 0
+    if mask_rows is not None:
+        seqlens_host, first_column, last_column = mask_rows.extents(per_sequence_host)
+        gapped_rows = int(((last_column - first_column + 1 != seqlens_host) & (seqlens_host > 0)).sum())
+    else:
+        seqlens_host = per_sequence_host[0]
+    if num_sequences is None:
+        n = seqlens_host.size
+    seqlens_host = seqlens_host[:n]
+    if not seqlens_host.any():
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
-    local_length = total_length // ctx.cp_size
-    source_rows = num_valid_tokens if source_shape is None else source_shape[0] * source_shape[1]
+    seqlens_padded = alignment.pad(seqlens_host)
+    cu_seqlens, cu_seqlens_padded = _cumsum0(seqlens_host), _cumsum0(seqlens_padded)
+    num_valid_tokens, total_length = int(cu_seqlens[-1]), int(cu_seqlens_padded[-1])
+    if total_length >= 2**31:
+        raise ValueError(f"the packed stream holds {total_length} positions; THD offsets are int32: split the batch")
 
-    # Source row and stream position of the n-th real token (tokens keep their order; sequences are consecutive).
-    token_index = torch.arange(num_valid_tokens, device=device)  # [N]
-    token_rows = None if rows is None else rows.positions(token_index, contiguous=gapped_rows == 0)  # [N]
-    slot_shift = cu_seqlens_padded[:-1] - cu_seqlens[:-1]  # [n] padding before each slot
-    token_stream_position = repeat_runs(slot_shift, seqlens, num_valid_tokens).add_(token_index)  # [N]
-
-    # Inverse maps, with ``source_rows`` as the sink value at padding positions.
-    stream_source = torch.full((total_length,), source_rows, dtype=torch.long, device=device)
-    stream_source.index_copy_(0, token_stream_position, token_index if token_rows is None else token_rows)
-    partition = layout.partition(cu_seqlens_padded, total_length, ctx.cp_size)  # [cp, T_local]
-    rank_major_source = (
-        stream_source if layout.keeps_stream_order(ctx.cp_size) else stream_source.index_select(0, partition.view(-1))
-    )
-    local_source = rank_major_source.narrow(0, ctx.cp_rank * local_length, local_length)
-    local_valid_mask = local_source != source_rows
-
+    token_rows = None
+    if mask_rows is not None and gapped_rows == 0:  # one run per row: it starts at the row's first token
+        sequence_start_host = np.arange(n) * source_shape[1] + first_column
+    elif mask_rows is not None:  # rows with gaps: tokens are looked up by their rank in row-major order
+        token_rows = mask_rows.token_positions(num_valid_tokens)
+        sequence_start_host = cu_seqlens[:-1]
+    elif sequence_start is not None:
+        sequence_start_host = per_sequence_host[1][:n]
+    else:
+        sequence_start_host = cu_seqlens[:-1]
+    offsets = host.to_device(np.concatenate([seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded]), device, torch.int32)
     return PackPlan(
         ctx=ctx,
         layout=layout,
         alignment=alignment,
-        batch_size=seqlens.numel(),
+        batch_size=int(n),
         source_shape=source_shape,
-        seqlens=seqlens.int(),
-        seqlens_padded=seqlens_padded.int(),
-        cu_seqlens=cu_seqlens.int(),
-        cu_seqlens_padded=cu_seqlens_padded.int(),
-        max_seqlen=max_seqlen,
-        max_seqlen_padded=max_seqlen_padded,
+        seqlens=offsets[:n],
+        seqlens_padded=offsets[n : 2 * n],
+        cu_seqlens=offsets[2 * n : 3 * n + 1],
+        cu_seqlens_padded=offsets[3 * n + 1 :],
+        max_seqlen=int(seqlens_host.max()),
+        max_seqlen_padded=int(seqlens_padded.max()),
         num_valid_tokens=num_valid_tokens,
         total_length=total_length,
-        local_length=local_length,
-        local_index=partition[ctx.cp_rank],
-        local_valid_mask=local_valid_mask,
-        local_source=torch.where(local_valid_mask, local_source, 0),
-        stream_source=stream_source,
-        rank_major_source=rank_major_source,
+        local_length=total_length // ctx.cp_size,
+        tables=SequenceTables(seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded, sequence_start_host),
         token_rows=token_rows,
     )

@@ -1,0 +1,32 @@
+"""The boundary between the device and the host: one read per plan, and the small tables sent back.
+
+A plan reads, once, everything the host must know (sizes, per-sequence lengths, the value checks); all
+per-sequence arithmetic then runs on the host with numpy, and only what the device needs (run tables,
+offsets) is copied back, pinned and non-blocking, so the copy never waits on the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def read_to_host(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """The one device->host transfer: the tensors' values as numpy arrays (int64, flattened).
+
+    On the CPU these are views of the tensors (no copy); on an accelerator the tensors travel as one
+    buffer in one copy, which waits for the device (the sync every plan pays once).
+    """
+    if all(tensor.device.type == "cpu" for tensor in tensors):
+        return tuple(tensor.detach().reshape(-1).long().numpy() for tensor in tensors)
+    flat = [tensor.detach().reshape(-1).long() for tensor in tensors]
+    host = torch.cat(flat).cpu().numpy()
+    return tuple(np.split(host, np.cumsum([t.numel() for t in flat])[:-1]))
+
+
+def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """A host table as a ``dtype`` tensor on ``device`` (pinned, non-blocking copy off the CPU)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
