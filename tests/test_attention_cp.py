@@ -53,9 +53,8 @@ def run_rank(rank, world_size, layouts):
     results = []
     for seed, (name, cu_padded, cu_real, heads, groups) in enumerate(cases(world_size)):
         q, k, v, weight = global_inputs(cu_padded, heads, groups, seed)
-        total = int(cu_padded[-1])
         for layout, implementation in layouts:
-            rows = get_layout(layout).partition(cu_padded, total, world_size)[rank]
+            rows = get_layout(layout).partition(cu_padded, world_size)[rank]
             local = [x.index_select(0, rows).requires_grad_() for x in (q, k, v)]
             out = context_parallel_attention(
                 *local, cu_padded, ctx, implementation=implementation, cu_seqlens=cu_real, layout=layout

@@ -38,13 +38,13 @@ def test_zigzag_matches_te_kernel_port(pack):
 @given(packs(), st.sampled_from(["zigzag", "contiguous"]))
 def test_ranks_together_hold_every_position_exactly_once(pack, layout_name):
     cp_size, cu = pack
-    partition = get_layout(layout_name).partition(torch.tensor(cu), cu[-1], cp_size)
+    partition = get_layout(layout_name).partition(torch.tensor(cu), cp_size)
     assert partition.shape == (cp_size, cu[-1] // cp_size)
     assert sorted(partition.reshape(-1).tolist()) == list(range(cu[-1]))
 
 
 def test_contiguous_is_consecutive_ranges():
-    partition = get_layout("contiguous").partition(torch.tensor([0, 4, 12]), 12, 3)
+    partition = get_layout("contiguous").partition(torch.tensor([0, 4, 12]), 3)
     assert partition.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
 
 

@@ -176,3 +176,53 @@ def test_one_plan_serves_every_tensor_of_the_micro_batch():
     # rank 1 of zigzag CP=2 with slots [4, 4]: positions [1, 2, 5, 6] -> row0 tokens 1,2 (cols 2,3); row1 token 1 (col 1), pad
     assert packed[0].tolist() == [[6, 7, 9, 0]]
     assert torch.equal(packed[2][0, 0], embeddings[0, 2])
+
+
+@st.composite
+def wide_masks(draw):
+    """Rows wide enough to be read as 8-byte words (W = S/8 up to 257, lane sums over several word groups),
+    runs that start and end on and off word boundaries, gapped and empty rows; also a view at a storage offset."""
+    seq_len = draw(st.sampled_from([8, 16, 1016, 1024, 2056, 13, 100]))
+    rows = []
+    for _ in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(["run", "run", "gapped", "empty", "full"]))
+        row = [0] * seq_len
+        if kind == "full":
+            row = [1] * seq_len
+        elif kind != "empty":
+            start = draw(st.integers(0, seq_len - 1))
+            end = draw(st.integers(start + 1, seq_len))
+            row[start:end] = [1] * (end - start)
+            if kind == "gapped" and end - start >= 3:
+                row[draw(st.integers(start + 1, end - 2))] = 0
+        rows.append(row)
+    if not any(any(row) for row in rows):
+        rows[0][0] = 1
+    return rows, draw(st.booleans())
+
+
+@settings(max_examples=80, deadline=None)
+@given(wide_masks(), st.sampled_from([1, 2]))
+def test_wide_masks_count_and_pack_like_the_oracle(case, cp_size):
+    """The word-wise mask scan (first/last token, lane-summed counts) agrees with a per-row count and the oracle."""
+    mask, offset_view = case
+    batch_size, seq_len = len(mask), len(mask[0])
+    mask_tensor = torch.tensor(mask, dtype=torch.bool)
+    if offset_view:  # the same rows, but not at the start of their storage
+        mask_tensor = torch.cat([torch.zeros(1, seq_len, dtype=torch.bool), mask_tensor])[1:]
+    x = torch.arange(batch_size * seq_len).view(batch_size, seq_len)
+    lengths = [sum(row) for row in mask]
+    slot_multiple, stream_multiple = _oracle_alignment(1, cp_size, False)
+    cu_padded = oracle.offsets(oracle.padded_lengths(lengths, slot_multiple, stream_multiple))
+    stream = oracle.stream_of_rows(mask, oracle.padded_lengths(lengths, slot_multiple, stream_multiple))
+    for rank in range(cp_size):
+        plan = plan_from_mask(mask_tensor, ParallelContext(cp_size=cp_size, cp_rank=rank))
+        assert plan.seqlens.tolist() == lengths
+        index = oracle.local_indices("zigzag", cu_padded, cp_size, rank)
+        expected = [0 if stream[p] is None else int(x[stream[p]]) for p in index]
+        assert plan.pack(x)[0].tolist() == expected
+        assert plan.pack(x, shift=1)[0].tolist() == [
+            int(x[stream[p + 1]]) if stream[p] is not None and p + 1 < len(stream) and stream[p + 1] is not None
+            and stream[p + 1][0] == stream[p][0] else 0
+            for p in index
+        ]

@@ -164,7 +164,7 @@ def restore_stream(local_tensors: list[torch.Tensor], docs: PackedDocuments) -> 
 def pack_documents_index(docs: PackedDocuments, cp_size: int, rank: int) -> torch.Tensor:
     from verl_cppack.core.layouts import get_layout
 
-    partition = get_layout(docs.plan.layout.name).partition(docs.cu_seqlens_padded, docs.plan.total_length, cp_size)
+    partition = get_layout(docs.plan.layout.name).partition(docs.cu_seqlens_padded, cp_size)
     return partition[rank]
 
 

@@ -37,7 +37,10 @@ def rank_partition(
     cu_seqlens_padded: torch.Tensor, local_rows: int, cp_size: int, layout: str | Layout = "zigzag"
 ) -> torch.Tensor:
     """Every rank's global stream positions, ``[cp_size, local_rows]`` int64 (``Layout.partition``)."""
-    return get_layout(layout).partition(cu_seqlens_padded.long(), cp_size * local_rows, cp_size)
+    partition = get_layout(layout).partition(cu_seqlens_padded, cp_size)
+    if partition.shape[1] != local_rows:
+        raise ValueError(f"cu_seqlens_padded describes {partition.shape[1]} rows per rank, the input has {local_rows}")
+    return partition
 
 
 def zigzag_half_rows(cu_seqlens_padded: torch.Tensor, local_rows: int, cp_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ from verl_cppack.bench.verl_step import (
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = BenchSettings.quick() if args.quick else BenchSettings(threads=args.threads)
+    settings = BenchSettings.quick() if args.quick else BenchSettings(threads=args.threads, repeats=args.repeats)
     settings = dataclasses.replace(settings, device=args.device)
     try:
         settings.check()
@@ -50,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke run)")
     parser.add_argument("--output", default="bench_out", help="folder for results.json, table.md, speedup.png")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    parser.add_argument("--repeats", type=int, default=7, help="micro-batches timed per point; medians reported")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per CP rank, nccl")
     parser.add_argument("--update-readme", action="store_true", help="rewrite README's performance section")
     parser.add_argument("--readme", default="README.md", help="README to update (default ./README.md)")

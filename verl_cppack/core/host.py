@@ -19,9 +19,14 @@ def read_to_host(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
     """
     if all(tensor.device.type == "cpu" for tensor in tensors):
         return tuple(tensor.detach().reshape(-1).long().numpy() for tensor in tensors)
+    return read_as_one_buffer(*tensors)
+
+
+def read_as_one_buffer(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """``read_to_host`` off the CPU: the tensors concatenated on their device, one copy, split on the host."""
     flat = [tensor.detach().reshape(-1).long() for tensor in tensors]
-    host = torch.cat(flat).cpu().numpy()
-    return tuple(np.split(host, np.cumsum([t.numel() for t in flat])[:-1]))
+    buffer = torch.cat(flat).cpu().numpy()
+    return tuple(np.split(buffer, np.cumsum([t.numel() for t in flat])[:-1]))
 
 
 def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:

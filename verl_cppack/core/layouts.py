@@ -79,9 +79,9 @@ class Layout(ABC):
         """The local streams of ``ranks`` (in that order) as runs; ``cu_seqlens_padded`` [n+1] int64 host
         offsets, assumed valid."""
 
-    def partition(self, cu_seqlens_padded: torch.Tensor, total_length: int, cp_size: int) -> torch.Tensor:
-        """All ranks' local indices, ``[cp_size, total_length // cp_size]`` int64 on the offsets' device
-        (inputs assumed valid; reads the offsets to the host)."""
+    def partition(self, cu_seqlens_padded: torch.Tensor, cp_size: int) -> torch.Tensor:
+        """All ranks' local indices, ``[cp_size, T // cp_size]`` int64 on the offsets' device (``T`` =
+        ``cu_seqlens_padded[-1]``; inputs assumed valid; reads the offsets to the host)."""
         (cu,) = host.read_to_host(cu_seqlens_padded)
         runs = self.runs(cu, cp_size, range(cp_size))
         return runs.stream_positions(cu, cu_seqlens_padded.device).view(cp_size, -1)

@@ -14,9 +14,12 @@ local stream
 rank-major stream
     All ranks' local streams concatenated, rank 0 first: what an all-gather returns.
 
-Cost: building a plan makes one device->host sync (the sizes needed to allocate), no Python loop over
-sequences, three int8 reductions over the mask and O(N + T) integer work; ``pack`` is one ``index_select`` and one
-``masked_fill``; ``unpack`` is one all-gather and one ``index_copy`` into zeros (a sink row takes padding).
+Cost: building a plan makes one device->host read (``core.host.read_to_host``: per-sequence lengths and
+where each sequence starts, with the value checks); the per-sequence arithmetic then runs on the host with
+numpy and only run tables travel back. No Python loop over sequences. On the device: a scan of the mask as
+8-byte words, and per index one scatter of per-run jumps plus one cumulative sum. ``pack`` is one
+``index_select`` (int32 index) and one ``index_fill_`` of the few positions without a token; ``unpack`` is one
+all-gather and one ``index_copy_`` into zeros (padding lands in sink rows past the real ones).
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ class PackPlan:
     local_length: int  # T / cp_size
     tables: SequenceTables  # the per-sequence numbers above (and where each sequence's tokens start), on the host
     token_rows: torch.Tensor | None  # [N] int64 source row of each token in stream order; None: token space = source
-    _packing_sources: dict = field(default_factory=dict, init=False, repr=False)  # (shift, wrap) -> local sources
+    _local_packings: dict = field(default_factory=dict, init=False, repr=False)  # (shift, wrap) -> _LocalPacking
 
     @property
     def source_rows(self) -> int:
@@ -164,15 +167,15 @@ class PackPlan:
     def _local_packing(self, shift: int, wrap: bool) -> "_LocalPacking":
         """How ``pack(x, shift, wrap)`` reads this rank's positions; built once per (shift, wrap)."""
         key = (shift, wrap and shift > 0)
-        if key not in self._packing_sources:
+        if key not in self._local_packings:
             pieces = self._pieces(self.local_runs, shift=shift, wrap=key[1])
             dtype = torch.int32 if self.source_rows < 2**31 else torch.long
             limit = self.num_valid_tokens if self.token_rows is not None else self.source_rows
             index = pieces.expand(0, self.device, limit=limit, dtype=dtype)  # positions without a target read row 0, 1, ...
             if self.token_rows is not None:
                 index = self.token_rows.index_select(0, index).to(dtype)
-            self._packing_sources[key] = _LocalPacking(index, pieces, pieces.positions_without_target(self.device))
-        return self._packing_sources[key]
+            self._local_packings[key] = _LocalPacking(index, pieces, pieces.positions_without_target(self.device))
+        return self._local_packings[key]
 
     def _pieces(self, runs: Runs, *, shift: int = 0, wrap: bool = False, token_order: bool = False) -> "_Pieces":
         """Split ``runs`` (host arithmetic) into pieces that count up by one: targets ``shift`` places ahead in
