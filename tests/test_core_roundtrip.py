@@ -226,3 +226,13 @@ def test_wide_masks_count_and_pack_like_the_oracle(case, cp_size):
             and stream[p + 1][0] == stream[p][0] else 0
             for p in index
         ]
+
+
+def test_a_plan_does_not_share_memory_with_its_inputs():
+    """The host read is a view on the CPU; editing the caller's lengths or mask afterwards must not change a plan."""
+    seqlens = torch.tensor([3, 1, 2])
+    plan = plan_from_lengths(seqlens)
+    seqlens[0] = 7
+    assert plan.tables.seqlens.tolist() == [3, 1, 2] and plan.seqlens.tolist() == [3, 1, 2]
+    nested = torch.nested.nested_tensor([torch.arange(3), torch.arange(1), torch.arange(2)], layout=torch.jagged)
+    assert plan.pack(nested)[0].tolist() == [0, 1, 2, 0, 0, 1]

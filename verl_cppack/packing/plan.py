@@ -529,7 +529,7 @@ def build_plan(
         seqlens_host = per_sequence_host[0]
     if num_sequences is None:
         n = seqlens_host.size
-    seqlens_host = seqlens_host[:n]
+    seqlens_host = seqlens_host[:n].copy()  # on the CPU the read is a view of the caller's tensor: own it
     if not seqlens_host.any():
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
     seqlens_padded = alignment.pad(seqlens_host)
@@ -545,7 +545,7 @@ def build_plan(
         token_rows = mask_rows.token_positions(num_valid_tokens)
         sequence_start_host = cu_seqlens[:-1]
     elif sequence_start is not None:
-        sequence_start_host = per_sequence_host[1][:n]
+        sequence_start_host = per_sequence_host[1][:n].copy()
     else:
         sequence_start_host = cu_seqlens[:-1]
     offsets = host.to_device(np.concatenate([seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded]), device, torch.int32)
