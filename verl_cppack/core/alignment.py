@@ -59,7 +59,8 @@ class Alignment:
         )
 
     def pad(self, seqlens: np.ndarray) -> np.ndarray:
-        """``seqlens`` [n] (host, integer) -> padded slot lengths [n] int64; the stream extension goes to the last slot."""
+        """``seqlens`` [n] (host, integer) -> padded slot lengths [n] int64; the stream extension goes to the
+        last slot."""
         seqlens = np.asarray(seqlens, dtype=np.int64)
         multiple = self.slot_multiple
         slot_lengths = -(-seqlens // multiple) * multiple

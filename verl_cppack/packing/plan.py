@@ -160,7 +160,8 @@ class PackPlan:
         sink_first = sink + run_starts(np.where(pieces.has_target, 0, pieces.length))
         values = pieces.expand(sink_first, self.device)
         if self.token_rows is not None and not token_order:  # token index -> source row; sinks past the rows
-            sinks = torch.arange(self.source_rows, self.source_rows + self.total_length - self.num_valid_tokens, device=self.device)
+            num_sinks = self.total_length - self.num_valid_tokens
+            sinks = torch.arange(self.source_rows, self.source_rows + num_sinks, device=self.device)
             values = torch.cat([self.token_rows, sinks]).index_select(0, values)
         return values
 
@@ -171,7 +172,8 @@ class PackPlan:
             pieces = self._pieces(self.local_runs, shift=shift, wrap=key[1])
             dtype = torch.int32 if self.source_rows < 2**31 else torch.long
             limit = self.num_valid_tokens if self.token_rows is not None else self.source_rows
-            index = pieces.expand(0, self.device, limit=limit, dtype=dtype)  # positions without a target read row 0, 1, ...
+            # positions without a target read rows 0, 1, ... (zeroed after the gather)
+            index = pieces.expand(0, self.device, limit=limit, dtype=dtype)
             if self.token_rows is not None:
                 index = self.token_rows.index_select(0, index).to(dtype)
             self._local_packings[key] = _LocalPacking(index, pieces, pieces.positions_without_target(self.device))
@@ -280,7 +282,7 @@ class PackPlan:
         return y_local[0]
 
     def _scatter_rows(self, gathered: torch.Tensor) -> torch.Tensor:
-        """Rank-major ``[T, *]`` -> source rows ``[source_rows, *]``, zeros where no token lands (padding goes to sink rows)."""
+        """Rank-major ``[T, *]`` -> source rows ``[source_rows, *]``, zeros where no token lands (padding: sink rows)."""
         rows = gathered.new_zeros((self.source_rows + self.total_length - self.num_valid_tokens, *gathered.shape[1:]))
         return rows.index_copy_(0, self.rank_major_source, gathered)[: self.source_rows]
 
@@ -307,8 +309,9 @@ class _Pieces:
     has_target: np.ndarray  # [p] bool
     total: int  # length.sum()
 
-    def expand(self, filler_first: np.ndarray | int, device: torch.device, *, limit: int | None = None,
-               dtype: torch.dtype = torch.long) -> torch.Tensor:
+    def expand(
+        self, filler_first: np.ndarray | int, device: torch.device, *, limit: int | None = None, dtype=torch.long
+    ) -> torch.Tensor:
         """[total] values; pieces without a target count up from ``filler_first`` instead, capped at
         ``limit - 1`` when given (so they stay valid rows to read)."""
         first = np.where(self.has_target, self.first, filler_first)
@@ -336,7 +339,8 @@ class _LocalPacking:
         """[T_local] bool, True where the position holds its target."""
         pieces = self.pieces
         device = self.index.device
-        return repeat_runs(pieces.has_target.astype(np.int8), pieces.length, pieces.total, device, torch.int8).view(torch.bool)
+        flags = repeat_runs(pieces.has_target.astype(np.int8), pieces.length, pieces.total, device, torch.int8)
+        return flags.view(torch.bool)
 
 
 # ====================================================================== builders
@@ -548,7 +552,8 @@ def build_plan(
         sequence_start_host = per_sequence_host[1][:n].copy()
     else:
         sequence_start_host = cu_seqlens[:-1]
-    offsets = host.to_device(np.concatenate([seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded]), device, torch.int32)
+    all_offsets = np.concatenate([seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded])
+    offsets = host.to_device(all_offsets, device, torch.int32)  # one copy, four views
     return PackPlan(
         ctx=ctx,
         layout=layout,
