@@ -1,6 +1,7 @@
 """The host boundary: what a plan reads back, and the tables it sends to the device."""
 
 import numpy as np
+import pytest
 import torch
 
 from verl_cppack.core import host
@@ -19,3 +20,25 @@ def test_tables_reach_the_device_with_the_requested_dtype():
     table = np.array([[0, 5], [2, -3]])
     tensor = host.to_device(table, torch.device("cpu"), torch.int32)
     assert tensor.dtype == torch.int32 and tensor.tolist() == [[0, 5], [2, -3]]
+
+
+@pytest.mark.parametrize("pinned_memory", [True, False])
+def test_tables_go_pinned_and_non_blocking_off_the_cpu(monkeypatch, pinned_memory):
+    """Off the CPU a table is pinned and copied without waiting; without pinned memory it is a plain copy."""
+    calls = []
+
+    def pin_memory(self, *args, **kwargs):
+        calls.append("pin")
+        if not pinned_memory:
+            raise RuntimeError("no pinned memory here")
+        return self
+
+    def record_copy(self, *args, **kwargs):
+        if args and isinstance(args[0], torch.device):
+            calls.append(("copy", kwargs.get("non_blocking", False)))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", record_copy)
+    host.to_device(np.array([1, 2]), torch.device("meta"), torch.int64)
+    assert calls == ["pin", ("copy", pinned_memory)]

@@ -34,4 +34,8 @@ def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype = torc
     tensor = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
     if device.type == "cpu":
         return tensor
-    return tensor.pin_memory().to(device, non_blocking=True)
+    try:
+        pinned = tensor.pin_memory()
+    except RuntimeError:  # this accelerator offers no pinned host memory: a plain copy (it waits for the device)
+        return tensor.to(device)
+    return pinned.to(device, non_blocking=True)
