@@ -10,53 +10,19 @@
 # Set VERL_CPPACK_PRINT_OVERRIDES=1 to print the overrides (one per line) instead of running; the recipe config
 # test composes verl's trainer config with exactly these overrides.
 set -euo pipefail
-
-DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
-MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-3B-Instruct}
+source "$(dirname "${BASH_SOURCE[0]}")/lib/megatron_gsm8k.sh"
 CRITIC_MODEL_PATH=${CRITIC_MODEL_PATH:-$MODEL_PATH}
-NNODES=${NNODES:-1}
-GPUS_PER_NODE=${GPUS_PER_NODE:-8}
-TP=${TP:-2}
-PP=${PP:-2}
-CP=${CP:-2}
 CRITIC_TP=${CRITIC_TP:-$TP}
 CRITIC_PP=${CRITIC_PP:-$PP}
 CRITIC_CP=${CRITIC_CP:-$CP}
-ROLLOUT_TP=${ROLLOUT_TP:-2}
 
 overrides=(
+    "${common_overrides[@]}"
     algorithm.adv_estimator=gae
     algorithm.gamma=1.0
     algorithm.lam=1.0
-    algorithm.use_kl_in_reward=False
-    data.train_files="$DATA_DIR/train.parquet"
-    data.val_files="$DATA_DIR/test.parquet"
-    data.train_batch_size=256
-    data.max_prompt_length=512
-    data.max_response_length=1024
-    data.filter_overlong_prompts=True
-    data.truncation=error
-    actor_rollout_ref.model.path="$MODEL_PATH"
-    actor_rollout_ref.model.external_lib=verl_cppack.verl_plugin
-    actor_rollout_ref.actor.optim.lr=1e-6
-    actor_rollout_ref.actor.ppo_mini_batch_size=64
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
-    actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$TP"
-    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size="$PP"
-    actor_rollout_ref.actor.megatron.context_parallel_size="$CP"
-    actor_rollout_ref.actor.use_kl_loss=True
-    actor_rollout_ref.actor.kl_loss_coef=0.001
-    actor_rollout_ref.actor.kl_loss_type=low_var_kl
-    actor_rollout_ref.actor.entropy_coeff=0
-    actor_rollout_ref.rollout.name=vllm
-    actor_rollout_ref.rollout.tensor_model_parallel_size="$ROLLOUT_TP"
     actor_rollout_ref.rollout.gpu_memory_utilization=0.5
     actor_rollout_ref.rollout.n=1
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8
-    actor_rollout_ref.ref.megatron.tensor_model_parallel_size="$TP"
-    actor_rollout_ref.ref.megatron.pipeline_model_parallel_size="$PP"
-    actor_rollout_ref.ref.megatron.context_parallel_size="$CP"
     critic.model.path="$CRITIC_MODEL_PATH"
     critic.model.external_lib=verl_cppack.verl_plugin
     critic.optim.lr=1e-5
@@ -65,23 +31,6 @@ overrides=(
     critic.megatron.tensor_model_parallel_size="$CRITIC_TP"
     critic.megatron.pipeline_model_parallel_size="$CRITIC_PP"
     critic.megatron.context_parallel_size="$CRITIC_CP"
-    trainer.critic_warmup=0
-    trainer.logger='["console"]'
-    trainer.project_name=verl_cppack_gsm8k
     trainer.experiment_name=ppo_megatron_cp${CP}
-    trainer.nnodes="$NNODES"
-    trainer.n_gpus_per_node="$GPUS_PER_NODE"
-    trainer.save_freq=20
-    trainer.test_freq=5
-    trainer.total_epochs=15
 )
-
-if [[ "${VERL_CPPACK_PRINT_OVERRIDES:-0}" == "1" ]]; then
-    printf '%s\n' "${overrides[@]}" "$@"
-    exit 0
-fi
-
-# VERL_USE_EXTERNAL_MODULES also loads the plugin in processes that never read a model config.
-export VERL_USE_EXTERNAL_MODULES=${VERL_USE_EXTERNAL_MODULES:-verl_cppack.verl_plugin}
-export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron communication/computation overlap
-exec python3 -m verl.trainer.main_ppo --config-path=config --config-name=ppo_megatron_trainer.yaml "${overrides[@]}" "$@"
+run_main_ppo "${overrides[@]}" "$@"

@@ -14,11 +14,16 @@ import torch
 from verl_cppack.core.host import to_device
 
 
+def run_offsets(lengths: np.ndarray) -> np.ndarray:
+    """``lengths`` [k] -> [k+1] where each run begins, then the total (``cu_seqlens`` of the lengths)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
 def run_starts(lengths: np.ndarray) -> np.ndarray:
-    """``lengths`` [k] -> [k] position where each run begins (exclusive cumulative sum)."""
-    starts = np.cumsum(lengths)
-    starts -= lengths
-    return starts
+    """``lengths`` [k] -> [k] position where each run begins."""
+    return run_offsets(lengths)[:-1]
 
 
 def repeat_runs(
@@ -30,12 +35,9 @@ def repeat_runs(
     ``lengths.sum()``; zero-length runs allowed): the steps between runs are added at the run starts and
     summed up. Values must fit ``dtype`` (int8 for 0/1 flags).
     """
-    table = np.empty((2, len(lengths)), dtype=np.int64)  # run starts, steps
-    np.cumsum(lengths, out=table[0])
-    table[0] -= lengths
-    table[1] = values
-    table[1, 1:] -= values[:-1]
-    return _expand(table, torch.zeros(total + 1, dtype=dtype, device=device), total)
+    steps = np.array(values, dtype=np.int64)
+    steps[1:] -= values[:-1]
+    return _sum_at_run_starts(lengths, steps, torch.zeros(total + 1, dtype=dtype, device=device), total)
 
 
 def linear_runs(
@@ -50,17 +52,14 @@ def linear_runs(
     on (the previous run's end + 1; 0 before the first position) to where this run begins; one cumulative
     sum adds them up. An empty run ends where it begins, so jumps across empty runs telescope.
     """
-    table = np.empty((2, len(lengths)), dtype=np.int64)  # run starts, jumps
-    np.cumsum(lengths, out=table[0])
-    table[0] -= lengths
-    table[1] = first_values
-    table[1, 1:] -= first_values[:-1] + lengths[:-1]
-    table[1, 0] -= 1
-    return _expand(table, torch.ones(total + 1, dtype=dtype, device=device), total)
+    jumps = np.array(first_values, dtype=np.int64)
+    jumps[1:] -= first_values[:-1] + lengths[:-1]
+    jumps[0] -= 1
+    return _sum_at_run_starts(lengths, jumps, torch.ones(total + 1, dtype=dtype, device=device), total)
 
 
-def _expand(table: np.ndarray, increments: torch.Tensor, total: int) -> torch.Tensor:
-    """Add ``table[1]`` at positions ``table[0]`` of ``increments`` [total + 1] and sum up -> [total] (the spare
-    last slot takes runs that start at ``total``)."""
-    starts, steps = to_device(table, increments.device)
-    return increments.index_add_(0, starts, steps.to(increments.dtype)).cumsum_(0)[:total]
+def _sum_at_run_starts(lengths: np.ndarray, steps: np.ndarray, increments: torch.Tensor, total: int) -> torch.Tensor:
+    """Add ``steps[k]`` at run ``k``'s start into ``increments`` [total + 1] and sum up -> [total] (the spare last
+    slot takes runs that start at ``total``). The host table travels in one copy."""
+    starts, steps_on_device = to_device(np.stack([run_starts(lengths), steps]), increments.device)
+    return increments.index_add_(0, starts, steps_on_device.to(increments.dtype)).cumsum_(0)[:total]

@@ -39,7 +39,7 @@ from verl_cppack.core import host
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import require_int, require_tensor
 from verl_cppack.core.layouts import Layout, LayoutName, Runs, get_layout
-from verl_cppack.core.runs import linear_runs, repeat_runs, run_starts
+from verl_cppack.core.runs import linear_runs, repeat_runs, run_offsets, run_starts
 
 
 @dataclass(frozen=True)
@@ -184,9 +184,8 @@ class PackPlan:
         the same sequence, targets wrapped round inside it (``wrap`` only), then positions without a target
         (past the sequence end, or padding). Values are source rows, or token indices with ``token_order`` or
         when the tokens are looked up in ``token_rows``."""
-        tables = self.tables
-        token_space = token_order or self.token_rows is not None
-        first_token = runs.per_slot(tables.cu_seqlens[:-1] if token_space else tables.sequence_start)
+        tables = self.tables  # sequence_start is in token space already when token_rows is set
+        first_token = runs.per_slot(tables.cu_seqlens[:-1] if token_order else tables.sequence_start)
         offset, length = runs.offset, runs.length
         seqlen = runs.per_slot(tables.seqlens)
         shift_ = shift % np.maximum(seqlen, 1) if wrap else shift  # per slot, or an int
@@ -435,10 +434,6 @@ def resolve_policy(
     return ctx, layout_, alignment_
 
 
-def _cumsum0(lengths: np.ndarray) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(lengths)])
-
-
 class _MaskRows:
     """Where the tokens of a ``[B, S]`` bool mask sit: per-row counts, first and last token column.
 
@@ -537,7 +532,7 @@ def build_plan(
     if not seqlens_host.any():
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
     seqlens_padded = alignment.pad(seqlens_host)
-    cu_seqlens, cu_seqlens_padded = _cumsum0(seqlens_host), _cumsum0(seqlens_padded)
+    cu_seqlens, cu_seqlens_padded = run_offsets(seqlens_host), run_offsets(seqlens_padded)
     num_valid_tokens, total_length = int(cu_seqlens[-1]), int(cu_seqlens_padded[-1])
     if total_length >= 2**31:
         raise ValueError(f"the packed stream holds {total_length} positions; THD offsets are int32: split the batch")
