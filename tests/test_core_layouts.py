@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tests.oracle import te_partitioned_indices
 from verl_cppack import get_layout, zigzag_indices
-from verl_cppack.core.runs import linear_runs, repeat_runs
+from verl_cppack.core.runs import linear_runs, linear_runs_host, repeat_runs
 
 
 @st.composite
@@ -93,10 +93,11 @@ def test_repeat_runs_equals_repeat_interleave(runs):
 
 
 @settings(max_examples=120, deadline=None)
-@given(runs_tables, st.sampled_from([torch.int64, torch.int32]))
-def test_linear_runs_count_up_like_a_loop(runs, dtype):
-    """Run k counts up by one from its first value; zero-length runs anywhere (first, last, in a row)."""
+@given(runs_tables, st.sampled_from([torch.int64, torch.int32]), st.sampled_from([1, 1, 3, 32]))
+def test_linear_runs_count_up_like_a_loop(runs, dtype, step):
+    """Run k counts up by ``step`` from its first value; zero-length runs anywhere (first, last, in a row)."""
     lengths, firsts, _ = (np.array(column, dtype=np.int64) for column in zip(*runs))
-    expected = [first + step for length, first in zip(lengths, firsts) for step in range(length)]
-    values = linear_runs(firsts, lengths, int(lengths.sum()), CPU, dtype)
+    expected = [first + step * i for length, first in zip(lengths, firsts) for i in range(length)]
+    values = linear_runs(firsts, lengths, int(lengths.sum()), CPU, dtype, step=step)
     assert values.dtype == dtype and values.tolist() == expected
+    assert linear_runs_host(firsts, lengths, step=step).tolist() == expected

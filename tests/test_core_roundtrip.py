@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tests import oracle
 from verl_cppack import ParallelContext, plan_from_lengths, plan_from_mask, plan_from_nested
+from verl_cppack.packing.plan import _MaskRows
 
 DTYPES = [torch.int64, torch.bool, torch.bfloat16, torch.float32]
 
@@ -201,11 +202,20 @@ def wide_masks(draw):
     return rows, draw(st.booleans())
 
 
+@pytest.mark.parametrize("scan_on_host", [True, False], ids=["numpy-scan", "device-scan"])
 @settings(max_examples=80, deadline=None)
-@given(wide_masks(), st.sampled_from([1, 2]))
-def test_wide_masks_count_and_pack_like_the_oracle(case, cp_size):
-    """The word-wise mask scan (first/last token, lane-summed counts) agrees with a per-row count and the oracle."""
-    mask, offset_view = case
+@given(case=wide_masks(), cp_size=st.sampled_from([1, 2]))
+def test_wide_masks_count_and_pack_like_the_oracle(scan_on_host, case, cp_size):
+    """The word-wise mask scan (first/last token, lane-summed counts) agrees with a per-row count and the oracle,
+    run by numpy on a CPU mask's memory and by tensor ops (what an accelerator runs)."""
+    _MaskRows.scan_cpu_masks_on_host = scan_on_host
+    try:
+        _check_wide_mask(*case, cp_size)
+    finally:
+        _MaskRows.scan_cpu_masks_on_host = True
+
+
+def _check_wide_mask(mask, offset_view, cp_size):
     batch_size, seq_len = len(mask), len(mask[0])
     mask_tensor = torch.tensor(mask, dtype=torch.bool)
     if offset_view:  # the same rows, but not at the start of their storage

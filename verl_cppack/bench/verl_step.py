@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from verl_cppack.bench.batches import rollout_batch
 from verl_cppack.bench.counters import OpCounter, HostReadCounter
+from verl_cppack.bench.host_allocator import keep_freed_memory
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.packing.plan import plan_from_mask
@@ -44,6 +45,7 @@ class BenchSettings:
     repeats: int = 7
     threads: int = 1
     device: str = "cpu"  # "cuda": one GPU per CP rank, nccl, CUDA-synchronised timings
+    keep_freed_host_memory: bool = True  # CPU: glibc keeps freed buffers (see bench.host_allocator)
 
     def check(self) -> None:
         """Refuse settings this machine cannot run, before any process starts."""
@@ -181,6 +183,8 @@ def _wall(fn) -> float:
 def _rank_main(rank: int, cp_size: int, port: int, settings: BenchSettings, queue: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(settings.threads)
+    if settings.device == "cpu" and settings.keep_freed_host_memory:
+        keep_freed_memory()
     if settings.device == "cuda":
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if settings.device == "cuda" else "gloo", rank=rank, world_size=cp_size)
@@ -363,6 +367,8 @@ def write_outputs(rows: list[dict[str, Any]], settings: BenchSettings, output: P
 
 def performance_section(rows: list[dict[str, Any]], settings: BenchSettings, plot_path: str | None) -> str:
     threads = f"{settings.threads} thread{'s' if settings.threads > 1 else ''} per rank"
+    if settings.device == "cpu" and settings.keep_freed_host_memory:
+        threads += ", freed host memory kept by glibc as a caching allocator would (`--system-malloc` turns it off)"
     parts = [
         f"Measured by `verl-cppack bench --device {settings.device}` ({_machine(settings)}, {threads}, "
         f"median of {settings.repeats}); verl {_version('verl')}, torch {torch.__version__}. "

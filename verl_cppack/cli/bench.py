@@ -21,7 +21,7 @@ from verl_cppack.bench.verl_step import (
 
 def run(args: argparse.Namespace) -> int:
     settings = BenchSettings.quick() if args.quick else BenchSettings(threads=args.threads, repeats=args.repeats)
-    settings = dataclasses.replace(settings, device=args.device)
+    settings = dataclasses.replace(settings, device=args.device, keep_freed_host_memory=not args.system_malloc)
     try:
         settings.check()
     except ValueError as error:
@@ -52,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     parser.add_argument("--repeats", type=int, default=7, help="micro-batches timed per point; medians reported")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per CP rank, nccl")
+    parser.add_argument(
+        "--system-malloc", action="store_true", help="CPU: leave glibc's defaults (freed buffers go back to the OS)"
+    )
     parser.add_argument("--update-readme", action="store_true", help="rewrite README's performance section")
     parser.add_argument("--readme", default="README.md", help="README to update (default ./README.md)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a README target is missed")

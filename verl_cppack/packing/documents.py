@@ -162,9 +162,8 @@ def plan_documents(
     ctx, layout_, alignment_ = resolve_policy(ctx, layout_, chosen, fp8 and chosen is None)
 
     lengths, starts, num_documents = segment_documents(tokens, eod_id=eod_id, pad_id=pad_id)  # [B*S], [B*S], []
-    no_bad_values = num_documents.new_zeros(())
     return build_plan(
-        ctx, layout_, alignment_, lengths, tuple(tokens.shape), no_bad_values,
+        ctx, layout_, alignment_, lengths, tuple(tokens.shape), None,
         sequence_start=starts, num_sequences=num_documents,
     )
 

@@ -16,15 +16,19 @@ rank-major stream
 
 Cost: building a plan makes one device->host read (``core.host.read_to_host``: per-sequence lengths and
 where each sequence starts, with the value checks); the per-sequence arithmetic then runs on the host with
-numpy and only run tables travel back. No Python loop over sequences. On the device: a scan of the mask as
-8-byte words, and per index one scatter of per-run jumps plus one cumulative sum. ``pack`` is one
-``index_select`` (int32 index) and one ``index_fill_`` of the few positions without a token; ``unpack`` is one
-all-gather and one ``index_copy_`` into zeros (padding lands in sink rows past the real ones).
+numpy and only run tables travel back. No Python loop over sequences. The mask is scanned as 8-byte words
+(first/last token by numpy on a CPU mask's memory). ``pack`` copies windows of up to 32 consecutive source rows
+per index entry (``core.blocks``: one ``index_select`` over an overlapping strided view, then the few positions
+the windows get wrong, then zeros where there is no token), so it never builds a per-position index; its tables
+are expanded on the host and sent in one copy. ``unpack`` is one all-gather and one ``index_copy_`` into zeros
+(padding lands in sink rows past the real ones) with a per-position index expanded on the device (one scatter of
+per-run jumps plus one cumulative sum).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -37,9 +41,14 @@ from verl_cppack.collectives.gather import GradientContract, all_gather_rank_maj
 from verl_cppack.context import ParallelContext
 from verl_cppack.core import host
 from verl_cppack.core.alignment import Alignment
+from verl_cppack.core.blocks import BlockGather, block_copy
 from verl_cppack.core.checks import require_int, require_tensor
 from verl_cppack.core.layouts import Layout, LayoutName, Runs, get_layout
 from verl_cppack.core.runs import linear_runs, repeat_runs, run_offsets, run_starts
+
+# The most rows ``pack`` copies per index entry (``core.blocks``): 32 makes the index 32 times shorter than one
+# entry per position and a byte-sized source (label masks) ~5x faster to copy; 64 gains little more on int64 rows.
+MAX_COPY_BLOCK = 32
 
 
 @dataclass(frozen=True)
@@ -120,11 +129,11 @@ class PackPlan:
         runs = self.local_runs
         return linear_runs(runs.flat(runs.offset), runs.flat(runs.length), runs.total, self.device)
 
-    @property
+    @cached_property
     def local_source(self) -> torch.Tensor:
         """[T_local] source row of each local position (an arbitrary in-range row at padding): int32 when the
-        source has fewer than 2**31 rows (half the index traffic of every ``pack``), else int64."""
-        return self._local_packing(0, False).index
+        source has fewer than 2**31 rows, else int64. ``pack`` itself copies blocks of rows (``_local_packing``)."""
+        return self._block_copy(self._pieces(self.local_runs), 1).gather.windows
 
     @property
     def local_valid_mask(self) -> torch.Tensor:
@@ -140,8 +149,6 @@ class PackPlan:
     def rank_major_source(self) -> torch.Tensor:
         """[T] int64 source row of each all-gathered (rank-major) position; padding gets the sink rows
         ``source_rows .. source_rows + T - N - 1``, one each."""
-        if self.ctx.cp_size == 1 and not self.has_padding:
-            return self.local_source.long()  # index_copy_ takes int64 indices
         return self._sink_index(self._all_ranks_runs())
 
     @cached_property
@@ -170,14 +177,19 @@ class PackPlan:
         key = (shift, wrap and shift > 0)
         if key not in self._local_packings:
             pieces = self._pieces(self.local_runs, shift=shift, wrap=key[1])
-            dtype = torch.int32 if self.source_rows < 2**31 else torch.long
-            limit = self.num_valid_tokens if self.token_rows is not None else self.source_rows
-            # positions without a target read rows 0, 1, ... (zeroed after the gather)
-            index = pieces.expand(0, self.device, limit=limit, dtype=dtype)
-            if self.token_rows is not None:
-                index = self.token_rows.index_select(0, index).to(dtype)
-            self._local_packings[key] = _LocalPacking(index, pieces, pieces.positions_without_target(self.device))
+            whole_blocks = self.token_rows is None and self.source_rows >= MAX_COPY_BLOCK
+            self._local_packings[key] = self._block_copy(pieces, _copy_block(pieces) if whole_blocks else 1)
         return self._local_packings[key]
+
+    def _block_copy(self, pieces: "_Pieces", block: int) -> "_LocalPacking":
+        """``pieces`` copied in windows of ``block`` rows (``core.blocks``); with ``block=1`` the windows are the
+        source row of each position (looked up in ``token_rows`` when it is set)."""
+        rows = self.num_valid_tokens if self.token_rows is not None else self.source_rows  # token space
+        dtype = torch.int32 if self.source_rows < 2**31 else torch.long
+        gather = block_copy(pieces.first, pieces.length, pieces.has_target, block, rows).to_device(self.device, dtype)
+        if self.token_rows is not None:
+            gather = dataclasses.replace(gather, windows=self.token_rows.index_select(0, gather.windows).to(dtype))
+        return _LocalPacking(gather, pieces)
 
     def _pieces(self, runs: Runs, *, shift: int = 0, wrap: bool = False, token_order: bool = False) -> "_Pieces":
         """Split ``runs`` (host arithmetic) into pieces that count up by one: targets ``shift`` places ahead in
@@ -214,10 +226,7 @@ class PackPlan:
         ``wrap=True`` the target wraps around inside the sequence instead (verl's ``need_roll``).
         """
         require_int("shift", shift, minimum=0)
-        rows = self._source_rows(x)
-        packing = self._local_packing(shift, wrap)
-        packed = rows.index_select(0, packing.index)  # [T_local, *] fresh, so filled in place
-        return packed.index_fill_(0, packing.positions_without_target, 0).unsqueeze(0)  # few: padding, sequence ends
+        return self._local_packing(shift, wrap).gather.gather(self._source_rows(x)).unsqueeze(0)
 
     def target_mask(self, shift: int = 1, wrap: bool = False) -> torch.Tensor:
         """``[1, T_local]`` bool: positions whose shifted target (see ``pack``) is a real token."""
@@ -308,36 +317,32 @@ class _Pieces:
     has_target: np.ndarray  # [p] bool
     total: int  # length.sum()
 
-    def expand(
-        self, filler_first: np.ndarray | int, device: torch.device, *, limit: int | None = None, dtype=torch.long
-    ) -> torch.Tensor:
-        """[total] values; pieces without a target count up from ``filler_first`` instead, capped at
-        ``limit - 1`` when given (so they stay valid rows to read)."""
+    def expand(self, filler_first: np.ndarray | int, device: torch.device) -> torch.Tensor:
+        """[total] int64 values; pieces without a target count up from ``filler_first`` instead."""
         first = np.where(self.has_target, self.first, filler_first)
-        values = linear_runs(first, self.length, self.total, device, dtype=dtype)
-        if limit is not None and np.where(self.has_target, 0, first + self.length).max() > limit:
-            values.clamp_(max=limit - 1)
-        return values
+        return linear_runs(first, self.length, self.total, device)
 
-    def positions_without_target(self, device: torch.device) -> torch.Tensor:
-        """[P] int64 positions of the pieces without a target (P may be 0)."""
-        lengths = np.where(self.has_target, 0, self.length)
-        return linear_runs(run_starts(self.length), lengths, int(lengths.sum()), device)
+
+def _copy_block(pieces: _Pieces) -> int:
+    """Rows per window for ``pieces``: a piece of ``L`` rows costs about ``L / b`` windows plus ``b / 2`` fix-ups,
+    least at ``b = sqrt(2 L)``; a power of two between 2 and ``MAX_COPY_BLOCK`` near that for the mean piece."""
+    lengths = pieces.length[pieces.has_target & (pieces.length > 0)]
+    mean_length = lengths.mean() if lengths.size else 1.0
+    return int(np.clip(2 ** np.round(np.log2(np.sqrt(2 * mean_length))), 2, MAX_COPY_BLOCK))
 
 
 @dataclass(frozen=True)
 class _LocalPacking:
-    """What ``pack(x, shift, wrap)`` needs on this rank: the row each position reads, and the positions to zero."""
+    """What ``pack(x, shift, wrap)`` needs on this rank: the copy of its pieces (``core.blocks``), and the pieces."""
 
-    index: torch.Tensor  # [T_local] int32/int64 source row of each position (a filler row where there is no target)
+    gather: BlockGather
     pieces: _Pieces
-    positions_without_target: torch.Tensor  # [P] int64, P may be 0
 
     @cached_property
     def target_flags(self) -> torch.Tensor:
         """[T_local] bool, True where the position holds its target."""
         pieces = self.pieces
-        device = self.index.device
+        device = self.gather.windows.device
         flags = repeat_runs(pieces.has_target.astype(np.int8), pieces.length, pieces.total, device, torch.int8)
         return flags.view(torch.bool)
 
@@ -367,7 +372,7 @@ def plan_from_mask(
         raise ValueError(f"attention_mask must have B >= 1 and S >= 1, got shape {tuple(attention_mask.shape)}")
     ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
 
-    num_bad_values = torch.zeros((), dtype=torch.long, device=attention_mask.device)
+    num_bad_values = None  # a bool mask has no bad values
     if attention_mask.dtype != torch.bool:
         num_bad_values = ((attention_mask != 0) & (attention_mask != 1)).sum()
         attention_mask = attention_mask != 0
@@ -445,20 +450,28 @@ class _MaskRows:
     When ``S % 8 == 0`` the mask is read as 8-byte words (8 columns each) so the scans run over ``S/8``
     words: the first and last non-zero word of each row, whose bytes the host inspects, and token counts as
     lane-wise word sums (a byte lane counts its column's tokens, below 128 per group of words, so lanes never
-    carry) read back as bytes.
+    carry) read back as bytes. A CPU mask's first and last words are found by numpy on the mask's own memory
+    (``scan_on_host``): its ``argmax`` stops at the first non-zero word, so a row costs its padding only.
     """
+
+    scan_cpu_masks_on_host = True  # tests turn it off to run the device scan on CPU tensors
 
     def __init__(self, token_mask: torch.Tensor) -> None:
         self.mask = token_mask.contiguous()  # [B, S] bool
         batch_size, seq_len = self.mask.shape
         self.by_words = seq_len % 8 == 0 and self.mask.storage_offset() % 8 == 0
+        self.scan_on_host = self.by_words and self.mask.device.type == "cpu" and self.scan_cpu_masks_on_host
         if self.by_words:
             words = self.mask.view(torch.int64)  # [B, W]: word w holds columns 8w .. 8w+7, one byte each
-            occupied = (words != 0).view(torch.int8)  # [B, W]
-            edges = torch.stack([occupied.argmax(dim=1), (words.shape[1] - 1) - occupied.flip(1).argmax(dim=1)], dim=1)
             group = _lane_group(words.shape[1])
             counts = words.view(batch_size, -1, group).sum(dim=2).view(torch.int8).sum(dim=1, dtype=torch.int32)
-            self.device_stats = (counts, edges, words.gather(1, edges))  # [B], [B, 2] first/last word, their bytes
+            if self.scan_on_host:
+                self.device_stats = (counts,)
+            else:
+                occupied = (words != 0).view(torch.int8)  # [B, W]
+                last = (words.shape[1] - 1) - occupied.flip(1).argmax(dim=1)
+                edges = torch.stack([occupied.argmax(dim=1), last], dim=1)  # [B, 2] first/last non-zero word
+                self.device_stats = (counts, edges, words.gather(1, edges))  # [B], [B, 2], their words
         else:
             as_int8 = self.mask.view(torch.int8)
             first = as_int8.argmax(dim=1)
@@ -468,10 +481,19 @@ class _MaskRows:
     def extents(self, host_stats: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The read-back ``device_stats`` -> (tokens, first token column, last token column) per row, [B]
         (an empty row has 0 tokens; its columns are meaningless)."""
-        counts, edges = host_stats[0], host_stats[1].reshape(-1, 2)
+        counts = host_stats[0]
         if not self.by_words:
+            edges = host_stats[1].reshape(-1, 2)
             return counts, edges[:, 0], edges[:, 1]
-        edge_bytes = host_stats[2].reshape(-1, 2).view(np.uint8).reshape(-1, 2, 8) != 0  # memory order = columns
+        if self.scan_on_host:
+            words = self.mask.numpy().view(np.int64)  # [B, W] the mask's memory
+            occupied = words != 0
+            last = (words.shape[1] - 1) - occupied[:, ::-1].argmax(axis=1)
+            edges = np.stack([occupied.argmax(axis=1), last], axis=1)  # [B, 2]
+            edge_words = np.take_along_axis(words, edges, axis=1)
+        else:
+            edges, edge_words = host_stats[1].reshape(-1, 2), host_stats[2].reshape(-1, 2)
+        edge_bytes = edge_words.view(np.uint8).reshape(-1, 2, 8) != 0  # memory order = columns
         first_byte = edge_bytes[:, 0].argmax(axis=1)
         last_byte = 7 - edge_bytes[:, 1, ::-1].argmax(axis=1)
         return counts, edges[:, 0] * 8 + first_byte, edges[:, 1] * 8 + last_byte
@@ -496,7 +518,7 @@ def build_plan(
     alignment: Alignment,
     seqlens: torch.Tensor | None,  # [n] any integer dtype: tokens of each sequence, in stream order; None: one per mask row
     source_shape: tuple[int, int] | None,  # (B, S) of a padded source; None for a jagged source
-    num_bad_values: torch.Tensor,  # [] count of invalid input values, reported after the sync
+    num_bad_values: torch.Tensor | None,  # [] count of invalid input values, reported after the sync; None: none possible
     *,
     mask_rows: _MaskRows | None = None,  # the token mask of a padded source whose rows are the sequences
     sequence_start: torch.Tensor | None = None,  # [n] source row of each sequence's first token (documents)
@@ -508,15 +530,15 @@ def build_plan(
     One device->host read brings back the per-sequence lengths (and starts) with the value checks; the
     offsets are numpy on the host and travel back to the device in one copy.
     """
-    device = num_bad_values.device
-    count = num_bad_values.new_zeros((), dtype=torch.long) if num_sequences is None else num_sequences.long()
-    checks = torch.stack([num_bad_values.long(), count])
     if mask_rows is not None:
-        per_sequence = mask_rows.device_stats
+        per_sequence, device = mask_rows.device_stats, mask_rows.mask.device
     else:
         per_sequence = (seqlens,) if sequence_start is None else (seqlens, sequence_start)
+        device = seqlens.device
+    scalars = [value for value in (num_bad_values, num_sequences) if value is not None]
     # The one device->host sync of the plan.
-    (bad, n), *per_sequence_host = host.read_to_host(checks, *per_sequence)
+    per_sequence_host = list(host.read_to_host(*per_sequence, *scalars))
+    bad = per_sequence_host.pop(len(per_sequence))[0] if num_bad_values is not None else 0
     if bad:
         what = "seqlens must be >= 0" if source_shape is None else "attention_mask values must be 0 or 1"
         raise ValueError(f"{what}; found {bad} offending entries")
@@ -526,8 +548,7 @@ def build_plan(
         gapped_rows = int(((last_column - first_column + 1 != seqlens_host) & (seqlens_host > 0)).sum())
     else:
         seqlens_host = per_sequence_host[0]
-    if num_sequences is None:
-        n = seqlens_host.size
+    n = seqlens_host.size if num_sequences is None else per_sequence_host.pop()[0]
     seqlens_host = seqlens_host[:n].copy()  # on the CPU the read is a view of the caller's tensor: own it
     if not seqlens_host.any():
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
