@@ -52,3 +52,13 @@ def test_bad_device_settings_are_refused_before_any_process_starts():
     if torch.cuda.device_count() < 4:
         with pytest.raises(ValueError, match="one GPU per CP rank"):
             BenchSettings(device="cuda").check()
+
+
+def test_the_bench_can_keep_freed_host_memory_on_glibc():
+    import platform
+
+    from verl_cppack.bench.host_allocator import keep_freed_memory
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    assert keep_freed_memory() is True

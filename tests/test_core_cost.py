@@ -1,5 +1,6 @@
 """Cost contract: the ATen op count of plan + pack + unpack does not grow with B; one host sync per plan."""
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -7,6 +8,15 @@ from tests.distributed import run_gloo
 from verl_cppack import ParallelContext, plan_from_mask, plan_from_nested
 from verl_cppack.bench.batches import rollout_batch
 from verl_cppack.bench.counters import OpCounter, HostReadCounter
+from verl_cppack.packing import plan as plan_module
+
+
+@pytest.fixture(params=["per-position index", "block copies"], scope="module", autouse=True)
+def pack_path(request):
+    """Every test here runs with both ways ``pack`` copies: row by row, and windows of rows (``core.blocks``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plan_module, "MIN_BLOCK_COPY_POSITIONS", 0 if request.param == "block copies" else 2**62)
+        yield request.param
 
 
 def _micro_batch(batch_size, ctx):
@@ -20,13 +30,14 @@ def _micro_batch(batch_size, ctx):
     return counter.ops, counter.syncs() + tolist.calls
 
 
-def _counts_on_two_ranks(rank, world_size):
+def _counts_on_two_ranks(rank, world_size, min_block_copy_positions):
+    plan_module.MIN_BLOCK_COPY_POSITIONS = min_block_copy_positions  # a spawned process starts from the default
     ctx = ParallelContext(cp_size=world_size, cp_rank=rank, cp_group=dist.group.WORLD)
     return {batch_size: _micro_batch(batch_size, ctx) for batch_size in (4, 64, 256)}
 
 
 def test_op_count_is_flat_in_batch_size_and_one_sync_with_cp2():
-    for per_batch_size in run_gloo(_counts_on_two_ranks, 2):
+    for per_batch_size in run_gloo(_counts_on_two_ranks, 2, plan_module.MIN_BLOCK_COPY_POSITIONS):
         (ops_small, syncs_small), (ops_mid, _), (ops_large, syncs_large) = per_batch_size.values()
         assert ops_small == ops_mid == ops_large
         assert syncs_small == syncs_large == 1

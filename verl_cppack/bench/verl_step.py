@@ -336,7 +336,8 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
             verl_ops = [row["verl"]["aten_ops"] for row in rows if row["seq_len"] == seq_len and row["cp_size"] == cp_size]
             if verl_ops:
                 lines.append(
-                    f"- S={seq_len} CP={cp_size}: verl_cppack ATen ops {'/'.join(map(str, sorted(ops)))} for every B; "
+                    f"- S={seq_len} CP={cp_size}: verl_cppack at most {max(ops)} ATen ops for every B "
+                    f"(seen: {', '.join(map(str, sorted(ops)))}); "
                     f"verl {min(verl_ops)}–{max(verl_ops)}."
                 )
     worst_pack = max(row["pack_over_index_select"] for row in rows)

@@ -49,6 +49,9 @@ from verl_cppack.core.runs import linear_runs, repeat_runs, run_offsets, run_sta
 # The most rows ``pack`` copies per index entry (``core.blocks``): 32 makes the index 32 times shorter than one
 # entry per position and a byte-sized source (label masks) ~5x faster to copy; 64 gains little more on int64 rows.
 MAX_COPY_BLOCK = 32
+# Below this many local positions ``pack`` gathers row by row with a per-position index instead: the index is
+# cheap to expand there, and the block copy's fixed cost (a few more small ops per pack) would dominate.
+MIN_BLOCK_COPY_POSITIONS = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,11 @@ class PackPlan:
         key = (shift, wrap and shift > 0)
         if key not in self._local_packings:
             pieces = self._pieces(self.local_runs, shift=shift, wrap=key[1])
-            whole_blocks = self.token_rows is None and self.source_rows >= MAX_COPY_BLOCK
+            whole_blocks = (
+                self.token_rows is None
+                and self.source_rows >= MAX_COPY_BLOCK
+                and self.local_length >= MIN_BLOCK_COPY_POSITIONS
+            )
             self._local_packings[key] = self._block_copy(pieces, _copy_block(pieces) if whole_blocks else 1)
         return self._local_packings[key]
 
