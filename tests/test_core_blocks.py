@@ -53,12 +53,13 @@ def test_block_copy_equals_a_loop(case, trailing, dtype):
 
 
 def test_windows_of_a_strided_source():
-    """A non-contiguous source (every other row of a transposed tensor) is read through its strides."""
+    """A non-contiguous source (every other row of a transposed tensor, from row 0 or 1 of its storage) is read
+    through its strides and storage offset."""
     base = torch.arange(400.0).reshape(2, 200).t()  # [200, 2], strides (1, 200)
-    rows = base[::2]  # [100, 2], strides (2, 200)
-    firsts, lengths, has_target = np.array([5, 0, 60]), np.array([40, 7, 40]), np.array([True, False, True])
-    gather = block_copy(firsts, lengths, has_target, 32, rows.shape[0]).to_device(CPU, torch.int32)
-    assert torch.equal(gather.gather(rows), loop_oracle(rows, firsts, lengths, has_target))
+    firsts, lengths, has_target = np.array([5, 0, 59]), np.array([40, 7, 40]), np.array([True, False, True])
+    for rows in (base[::2], base[1::2]):  # [100, 2], strides (2, 200), storage offset 0 / 1
+        gather = block_copy(firsts, lengths, has_target, 32, rows.shape[0]).to_device(CPU, torch.int32)
+        assert torch.equal(gather.gather(rows), loop_oracle(rows, firsts, lengths, has_target))
 
 
 def test_block_larger_than_the_source_is_refused():
