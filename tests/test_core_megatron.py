@@ -62,13 +62,22 @@ def _context_from_megatron(rank, world_size):
     parallel_state.initialize_model_parallel(context_parallel_size=world_size)
     try:
         ctx = ParallelContext.from_megatron()
-        return dataclasses.replace(ctx, cp_group=None), ctx.cp_group is parallel_state.get_context_parallel_group()
+        same_group = ctx.cp_group is parallel_state.get_context_parallel_group()
+        again = ParallelContext.from_megatron()
     finally:
         parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)  # a new state: TP=2, CP=1
+    try:
+        after_reinit = ParallelContext.from_megatron()
+    finally:
+        parallel_state.destroy_model_parallel()
+    return dataclasses.replace(ctx, cp_group=None), same_group, again == ctx, after_reinit
 
 
 def test_from_megatron_reads_parallel_state():
+    """Read once per parallel state (the context is kept per group), and read afresh after re-initialisation."""
     pytest.importorskip("megatron.core")
-    for rank, (ctx, same_group) in enumerate(run_gloo(_context_from_megatron, 2)):
+    for rank, (ctx, same_group, same_again, after_reinit) in enumerate(run_gloo(_context_from_megatron, 2)):
         assert ctx == ParallelContext(tp_size=1, cp_size=2, cp_rank=rank)
-        assert same_group
+        assert same_group and same_again
+        assert after_reinit == ParallelContext(tp_size=2, cp_size=1, cp_rank=0)

@@ -233,8 +233,10 @@ def _check_wide_mask(mask, offset_view, cp_size):
     slot_multiple, stream_multiple = _oracle_alignment(1, cp_size, False)
     cu_padded = oracle.offsets(oracle.padded_lengths(lengths, slot_multiple, stream_multiple))
     stream = oracle.stream_of_rows(mask, oracle.padded_lengths(lengths, slot_multiple, stream_multiple))
+    local_outputs = []
     for rank in range(cp_size):
         plan = plan_from_mask(mask_tensor, ParallelContext(cp_size=cp_size, cp_rank=rank))
+        local_outputs.append(plan.pack(x))
         assert plan.seqlens.tolist() == lengths
         index = oracle.local_indices("zigzag", cu_padded, cp_size, rank)
         expected = [0 if stream[p] is None else int(x[stream[p]]) for p in index]
@@ -244,6 +246,7 @@ def _check_wide_mask(mask, offset_view, cp_size):
             and stream[p + 1][0] == stream[p][0] else 0
             for p in index
         ]
+    assert torch.equal(plan.restore(local_outputs), x * mask_tensor)  # back to the rows, zeros at padding
 
 
 def test_a_plan_does_not_share_memory_with_its_inputs():

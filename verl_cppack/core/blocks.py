@@ -57,8 +57,9 @@ class BlockCopy:
             windows, positions = windows.clamp_(max=self.last_window), to_device(positions, device)
         else:
             windows = np.minimum(linear_runs_host(self.window_first, self.blocks_owned, self.block), self.last_window)
-            windows, positions = to_device(np.concatenate([windows, positions]), device).split([windows.size, positions.size])
-        fixes, fix_sources, fills = positions.split([num_fixes, num_fixes, positions.numel() - 2 * num_fixes])
+            tables = to_device(np.concatenate([windows, positions]), device)
+            windows, positions = tables[: windows.size], tables[windows.size :]
+        fixes, fix_sources, fills = positions[:num_fixes], positions[num_fixes : 2 * num_fixes], positions[2 * num_fixes :]
         return BlockGather(self.block, windows, fixes, fix_sources, fills, self.total)
 
 

@@ -17,7 +17,7 @@ from verl_cppack.core.host import to_device
 def run_offsets(lengths: np.ndarray) -> np.ndarray:
     """``lengths`` [k] -> [k+1] where each run begins, then the total (``cu_seqlens`` of the lengths)."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    lengths.cumsum(out=offsets[1:])
     return offsets
 
 
@@ -68,7 +68,7 @@ def linear_runs(
 def linear_runs_host(first_values: np.ndarray, lengths: np.ndarray, step: int = 1) -> np.ndarray:
     """``linear_runs`` on the host, int64 numpy, for short tables (one ``repeat``, one ``arange``)."""
     shifted = np.asarray(first_values, dtype=np.int64) - step * run_starts(lengths)
-    return np.repeat(shifted, lengths) + step * np.arange(int(lengths.sum()), dtype=np.int64)
+    return shifted.repeat(lengths) + step * np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 def _sum_at_run_starts(lengths: np.ndarray, steps: np.ndarray, increments: torch.Tensor, total: int) -> torch.Tensor:

@@ -79,6 +79,11 @@ def packed_seq_params_from_plan(plan: "PackPlan", *, real_seqlens_in_attention: 
     return cls(**{name: value for name, value in values.items() if name in fields})
 
 
+# (CP group, TP size) -> context: a process group's size and this rank's place in it never change, so the
+# context is built once per group; new groups (a re-initialised parallel state) are new keys.
+_CONTEXTS: dict[tuple[Any, int], ParallelContext] = {}
+
+
 def parallel_context_from_megatron() -> ParallelContext:
     try:
         from megatron.core import parallel_state as mpu
@@ -89,10 +94,17 @@ def parallel_context_from_megatron() -> ParallelContext:
             "megatron.core.parallel_state is not initialised; call parallel_state.initialize_model_parallel(...) "
             "first or build ParallelContext(tp_size=..., cp_size=..., cp_rank=..., cp_group=...) yourself"
         )
-    cp_size = mpu.get_context_parallel_world_size()
-    return ParallelContext(
-        tp_size=mpu.get_tensor_model_parallel_world_size(),
-        cp_size=cp_size,
-        cp_rank=mpu.get_context_parallel_rank(),
-        cp_group=mpu.get_context_parallel_group() if cp_size > 1 else None,
-    )
+    key = (mpu.get_context_parallel_group(), mpu.get_tensor_model_parallel_world_size())
+    context = _CONTEXTS.get(key)
+    if context is None:
+        cp_size = mpu.get_context_parallel_world_size()
+        context = ParallelContext(
+            tp_size=key[1],
+            cp_size=cp_size,
+            cp_rank=mpu.get_context_parallel_rank(),
+            cp_group=key[0] if cp_size > 1 else None,
+        )
+        if len(_CONTEXTS) >= 16:  # groups of torn-down parallel states: let them go
+            _CONTEXTS.clear()
+        _CONTEXTS[key] = context
+    return context

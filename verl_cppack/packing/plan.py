@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -334,8 +335,8 @@ def _copy_block(pieces: _Pieces) -> int:
     """Rows per window for ``pieces``: a piece of ``L`` rows costs about ``L / b`` windows plus ``b / 2`` fix-ups,
     least at ``b = sqrt(2 L)``; a power of two between 2 and ``MAX_COPY_BLOCK`` near that for the mean piece."""
     lengths = pieces.length[pieces.has_target & (pieces.length > 0)]
-    mean_length = lengths.mean() if lengths.size else 1.0
-    return int(np.clip(2 ** np.round(np.log2(np.sqrt(2 * mean_length))), 2, MAX_COPY_BLOCK))
+    mean_length = float(lengths.sum()) / lengths.size if lengths.size else 1.0
+    return min(max(2 ** round(math.log2(math.sqrt(2 * mean_length))), 2), MAX_COPY_BLOCK)
 
 
 @dataclass(frozen=True)
