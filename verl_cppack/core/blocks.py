@@ -58,8 +58,8 @@ class BlockCopy:
         else:
             windows = np.minimum(linear_runs_host(self.window_first, self.blocks_owned, self.block), self.last_window)
             tables = to_device(np.concatenate([windows, positions]), device)
-            windows, positions = tables[: windows.size], tables[windows.size :]
-        fixes, fix_sources, fills = positions[:num_fixes], positions[num_fixes : 2 * num_fixes], positions[2 * num_fixes :]
+            windows, positions = tables.split_with_sizes([windows.size, positions.size])
+        fixes, fix_sources, fills = positions.split_with_sizes([num_fixes, num_fixes, positions.numel() - 2 * num_fixes])
         return BlockGather(self.block, windows, fixes, fix_sources, fills, self.total)
 
 
