@@ -53,6 +53,10 @@ class BenchSettings:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise ValueError(f"repeats must be a positive int, got {self.repeats!r}")
+        for name in ("batch_sizes", "seq_lens", "cp_sizes"):
+            values = getattr(self, name)
+            if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+                raise ValueError(f"{name} must be a non-empty tuple of positive ints, got {values!r}")
         if self.device == "cuda":
             available = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if available < max(self.cp_sizes):

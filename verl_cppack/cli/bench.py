@@ -23,6 +23,9 @@ def run(args: argparse.Namespace) -> int:
     settings = BenchSettings.quick() if args.quick else BenchSettings(threads=args.threads, repeats=args.repeats)
     settings = dataclasses.replace(settings, device=args.device, keep_freed_host_memory=not args.system_malloc)
     try:
+        for name in ("batch_sizes", "seq_lens", "cp_sizes"):
+            if getattr(args, name) is not None:
+                settings = dataclasses.replace(settings, **{name: _int_list(name, getattr(args, name))})
         settings.check()
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -45,6 +48,13 @@ def run(args: argparse.Namespace) -> int:
     return 1 if (missed and args.strict) else 0
 
 
+def _int_list(name: str, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--{name.replace('_', '-')} takes comma-separated integers like 1,2,4; got {text!r}") from None
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="benchmark verl's packing functions against verl_cppack's")
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke run)")
@@ -52,6 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     parser.add_argument("--repeats", type=int, default=7, help="micro-batches timed per point; medians reported")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per CP rank, nccl")
+    parser.add_argument("--batch-sizes", help="comma-separated B values (default 16,64,256,1024)")
+    parser.add_argument("--seq-lens", help="comma-separated S values (default 1024,4096)")
+    parser.add_argument("--cp-sizes", help="comma-separated CP sizes (default 1,2,4; one GPU per rank with cuda)")
     parser.add_argument(
         "--system-malloc", action="store_true", help="CPU: leave glibc's defaults (freed buffers go back to the OS)"
     )
