@@ -10,13 +10,7 @@ from verl_cppack.bench.batches import rollout_batch
 from verl_cppack.bench.counters import OpCounter, HostReadCounter
 from verl_cppack.packing import plan as plan_module
 
-
-@pytest.fixture(params=["per-position index", "block copies"], scope="module", autouse=True)
-def pack_path(request):
-    """Every test here runs with both ways ``pack`` copies: row by row, and windows of rows (``core.blocks``)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plan_module, "MIN_BLOCK_COPY_POSITIONS", 0 if request.param == "block copies" else 2**62)
-        yield request.param
+pytestmark = pytest.mark.usefixtures("both_pack_paths")
 
 
 def _micro_batch(batch_size, ctx):

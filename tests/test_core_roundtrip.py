@@ -14,17 +14,11 @@ from hypothesis import strategies as st
 
 from tests import oracle
 from verl_cppack import ParallelContext, plan_from_lengths, plan_from_mask, plan_from_nested
-from verl_cppack.packing import plan as plan_module
 from verl_cppack.packing.plan import _MaskRows
 
 DTYPES = [torch.int64, torch.bool, torch.bfloat16, torch.float32]
 
-@pytest.fixture(params=["per-position index", "block copies"], scope="module", autouse=True)
-def pack_path(request):
-    """Every test here runs with both ways ``pack`` copies: row by row, and windows of rows (``core.blocks``)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plan_module, "MIN_BLOCK_COPY_POSITIONS", 0 if request.param == "block copies" else 2**62)
-        yield request.param
+pytestmark = pytest.mark.usefixtures("both_pack_paths")
 
 
 @st.composite

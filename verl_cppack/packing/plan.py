@@ -545,8 +545,9 @@ def build_plan(
         device = seqlens.device
     scalars = [value for value in (num_bad_values, num_sequences) if value is not None]
     # The one device->host sync of the plan.
-    per_sequence_host = list(host.read_to_host(*per_sequence, *scalars))
-    bad = per_sequence_host.pop(len(per_sequence))[0] if num_bad_values is not None else 0
+    read = host.read_to_host(*per_sequence, *scalars)
+    per_sequence_host, scalars_host = read[: len(per_sequence)], read[len(per_sequence) :]
+    bad = scalars_host[0][0] if num_bad_values is not None else 0
     if bad:
         what = "seqlens must be >= 0" if source_shape is None else "attention_mask values must be 0 or 1"
         raise ValueError(f"{what}; found {bad} offending entries")
@@ -556,7 +557,7 @@ def build_plan(
         gapped_rows = int(((last_column - first_column + 1 != seqlens_host) & (seqlens_host > 0)).sum())
     else:
         seqlens_host = per_sequence_host[0]
-    n = seqlens_host.size if num_sequences is None else per_sequence_host.pop()[0]
+    n = seqlens_host.size if num_sequences is None else int(scalars_host[-1][0])
     seqlens_host = seqlens_host[:n].copy()  # on the CPU the read is a view of the caller's tensor: own it
     if not seqlens_host.any():
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
