@@ -1,6 +1,7 @@
 """Block copies (``core.blocks``) move exactly what a row-by-row loop moves, for any pieces and block size."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -42,8 +43,7 @@ def test_block_copy_equals_a_loop(case, trailing, dtype):
     source_rows, pieces, block = case
     firsts, lengths, has_target = (np.array(column) for column in zip(*pieces))
     rows = torch.randn(source_rows, *trailing)
-    copy = block_copy(firsts.astype(np.int64), lengths.astype(np.int64), has_target.astype(bool), block, source_rows)
-    gather = copy.to_device(CPU, dtype)
+    gather = block_copy(firsts.astype(np.int64), lengths.astype(np.int64), has_target.astype(bool), block, source_rows, CPU, dtype)
     assert gather.windows.dtype == (dtype if block == 1 else torch.int64)
     assert torch.equal(gather.gather(rows), loop_oracle(rows, firsts, lengths, has_target))
     if block == 1:
@@ -58,24 +58,20 @@ def test_windows_of_a_strided_source():
     base = torch.arange(400.0).reshape(2, 200).t()  # [200, 2], strides (1, 200)
     firsts, lengths, has_target = np.array([5, 0, 59]), np.array([40, 7, 40]), np.array([True, False, True])
     for rows in (base[::2], base[1::2]):  # [100, 2], strides (2, 200), storage offset 0 / 1
-        gather = block_copy(firsts, lengths, has_target, 32, rows.shape[0]).to_device(CPU, torch.int32)
+        gather = block_copy(firsts, lengths, has_target, 32, rows.shape[0], CPU, torch.int32)
         assert torch.equal(gather.gather(rows), loop_oracle(rows, firsts, lengths, has_target))
 
 
 def test_block_larger_than_the_source_is_refused():
-    try:
-        block_copy(np.array([0]), np.array([3]), np.array([True]), 8, 4)
-    except ValueError as error:
-        assert "block" in str(error)
-    else:
-        raise AssertionError("expected a ValueError")
+    with pytest.raises(ValueError, match="block must be between 1 and the 4 source rows"):
+        block_copy(np.array([0]), np.array([3]), np.array([True]), 8, 4, CPU)
 
 
 def test_gradient_of_a_block_copy_adds_the_output_gradient_back_to_each_row():
     """Backward through the overlapping windows view: every source row gets the gradient of the positions that
     copied it (and nothing from padding), checked numerically and against an index_add_ of the oracle index."""
     firsts, lengths, has_target = np.array([3, 0, 40, 90]), np.array([37, 5, 20, 10]), np.array([True, False, True, True])
-    gather = block_copy(firsts, lengths, has_target, 8, 100).to_device(CPU, torch.int64)
+    gather = block_copy(firsts, lengths, has_target, 8, 100, CPU)
     rows = torch.randn(100, 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(gather.gather, (rows,))
     weights = torch.randn(int(lengths.sum()), 2, dtype=torch.float64)

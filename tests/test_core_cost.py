@@ -1,4 +1,8 @@
-"""Cost contract: the ATen op count of plan + pack + unpack does not grow with B; one host sync per plan."""
+"""Cost contract: the ATen op count of plan + pack + unpack does not grow with B; one host sync per plan.
+
+The one data-dependent op: a pack with no position to zero (no padding, no missing target) skips its
+``index_fill_``, so that op is compared as "at most one per pack" and every other op exactly.
+"""
 
 import pytest
 import torch
@@ -13,6 +17,15 @@ from verl_cppack.packing import plan as plan_module
 pytestmark = pytest.mark.usefixtures("both_pack_paths")
 
 
+PACKS_PER_MICRO_BATCH = 3
+
+
+def _without_fills(ops):
+    """The op counts without ``index_fill_``, after checking it ran at most once per pack."""
+    assert ops.get("aten.index_fill_", 0) <= PACKS_PER_MICRO_BATCH
+    return {op: count for op, count in ops.items() if op != "aten.index_fill_"}
+
+
 def _micro_batch(batch_size, ctx):
     input_ids, mask = rollout_batch(batch_size, 32)
     with OpCounter() as counter, HostReadCounter() as tolist:
@@ -21,7 +34,7 @@ def _micro_batch(batch_size, ctx):
         log_probs = packed[0].float()  # stands for the model output
         plan.unpack(log_probs)
         plan.unpack(log_probs * 2)
-    return counter.ops, counter.syncs() + tolist.calls
+    return _without_fills(counter.ops), counter.syncs() + tolist.calls
 
 
 def _counts_on_two_ranks(rank, world_size, min_block_copy_positions):

@@ -7,8 +7,13 @@ offsets) is copied back, pinned and non-blocking, so the copy never waits on the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import accumulate
+
 import numpy as np
 import torch
+
+_NUMPY_DTYPES = {torch.long: np.int64, torch.int32: np.int32}
 
 
 def read_to_host(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
@@ -39,3 +44,15 @@ def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype = torc
     except RuntimeError:  # this accelerator offers no pinned host memory: a plain copy (it waits for the device)
         return tensor.to(device)
     return pinned.to(device, non_blocking=True)
+
+
+def tables_to_device(
+    arrays: Sequence[np.ndarray], device: torch.device, dtype: torch.dtype = torch.long
+) -> tuple[torch.Tensor, ...]:
+    """1-D host tables as ``dtype`` (int64 or int32) tensors on ``device``: one buffer, one copy, one view each.
+    On the CPU the views share the host buffer (no copy, no tensor op)."""
+    buffer = np.concatenate(arrays, dtype=_NUMPY_DTYPES[dtype])
+    ends = list(accumulate(array.size for array in arrays))
+    if device.type == "cpu":
+        return tuple(torch.from_numpy(buffer[end - array.size : end]) for array, end in zip(arrays, ends))
+    return to_device(buffer, device, dtype).split([array.size for array in arrays])

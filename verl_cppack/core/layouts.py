@@ -40,7 +40,7 @@ class Runs:
     @classmethod
     def whole_slots(cls, cu_seqlens_padded: np.ndarray) -> "Runs":
         """The stream itself: one run per slot."""
-        slot_lengths = np.diff(cu_seqlens_padded)
+        slot_lengths = cu_seqlens_padded[1:] - cu_seqlens_padded[:-1]
         return cls(np.zeros_like(slot_lengths), slot_lengths, 0, int(cu_seqlens_padded[-1]))
 
     def per_slot(self, values: np.ndarray) -> np.ndarray:

@@ -67,8 +67,9 @@ def linear_runs(
 
 def linear_runs_host(first_values: np.ndarray, lengths: np.ndarray, step: int = 1) -> np.ndarray:
     """``linear_runs`` on the host, int64 numpy, for short tables (one ``repeat``, one ``arange``)."""
-    shifted = np.asarray(first_values, dtype=np.int64) - step * run_starts(lengths)
-    return shifted.repeat(lengths) + step * np.arange(int(lengths.sum()), dtype=np.int64)
+    ends = lengths.cumsum()
+    total = int(ends[-1]) if ends.size else 0
+    return (first_values - step * (ends - lengths)).repeat(lengths) + np.arange(0, step * total, step)
 
 
 def _sum_at_run_starts(lengths: np.ndarray, steps: np.ndarray, increments: torch.Tensor, total: int) -> torch.Tensor:

@@ -194,7 +194,7 @@ class PackPlan:
         source row of each position (looked up in ``token_rows`` when it is set)."""
         rows = self.num_valid_tokens if self.token_rows is not None else self.source_rows  # token space
         dtype = torch.int32 if self.source_rows < 2**31 else torch.long
-        gather = block_copy(pieces.first, pieces.length, pieces.has_target, block, rows).to_device(self.device, dtype)
+        gather = block_copy(pieces.first, pieces.length, pieces.has_target, block, rows, self.device, dtype)
         if self.token_rows is not None:
             gather = dataclasses.replace(gather, windows=self.token_rows.index_select(0, gather.windows).to(dtype))
         return _LocalPacking(gather, pieces)
@@ -217,12 +217,9 @@ class PackPlan:
             lengths.append(used - ahead)
         firsts.append(np.zeros_like(offset))
         lengths.append(length - used)
-        shape = (*offset.shape, len(firsts))
-        first, piece_length, has_target = np.empty(shape, np.int64), np.empty(shape, np.int64), np.ones(shape, bool)
-        for piece, (piece_first, piece_len) in enumerate(zip(firsts, lengths)):
-            first[..., piece], piece_length[..., piece] = piece_first, piece_len
-        has_target[..., -1] = False
-        return _Pieces(first.reshape(-1), piece_length.reshape(-1), has_target.reshape(-1), runs.total)
+        first, piece_length = np.stack(firsts, axis=-1).reshape(-1), np.stack(lengths, axis=-1).reshape(-1)
+        has_target = np.arange(first.size) % len(firsts) != len(firsts) - 1  # the last piece of each run has none
+        return _Pieces(first, piece_length, has_target, runs.total)
 
     # ------------------------------------------------------------------ pack
     def pack(self, x: torch.Tensor, *, shift: int = 0, wrap: bool = False) -> torch.Tensor:
@@ -458,8 +455,8 @@ class _MaskRows:
     When ``S % 8 == 0`` the mask is read as 8-byte words (8 columns each) so the scans run over ``S/8``
     words: the first and last non-zero word of each row, whose bytes the host inspects, and token counts as
     lane-wise word sums (a byte lane counts its column's tokens, below 128 per group of words, so lanes never
-    carry) read back as bytes. A CPU mask's first and last words are found by numpy on the mask's own memory
-    (``scan_on_host``): its ``argmax`` stops at the first non-zero word, so a row costs its padding only.
+    carry) read back as bytes. A CPU mask is scanned the same way by numpy on the mask's own memory
+    (``scan_on_host``: no tensor op, nothing to read back); its ``argmax`` stops at the first non-zero word.
     """
 
     scan_cpu_masks_on_host = True  # tests turn it off to run the device scan on CPU tensors
@@ -469,42 +466,54 @@ class _MaskRows:
         batch_size, seq_len = self.mask.shape
         self.by_words = seq_len % 8 == 0 and self.mask.storage_offset() % 8 == 0
         self.scan_on_host = self.by_words and self.mask.device.type == "cpu" and self.scan_cpu_masks_on_host
-        if self.by_words:
+        if self.scan_on_host:
+            self.device_stats = ()  # nothing to read back: ``extents`` scans the mask's memory
+        elif self.by_words:
             words = self.mask.view(torch.int64)  # [B, W]: word w holds columns 8w .. 8w+7, one byte each
             group = _lane_group(words.shape[1])
             counts = words.view(batch_size, -1, group).sum(dim=2).view(torch.int8).sum(dim=1, dtype=torch.int32)
-            if self.scan_on_host:
-                self.device_stats = (counts,)
-            else:
-                occupied = (words != 0).view(torch.int8)  # [B, W]
-                last = (words.shape[1] - 1) - occupied.flip(1).argmax(dim=1)
-                edges = torch.stack([occupied.argmax(dim=1), last], dim=1)  # [B, 2] first/last non-zero word
-                self.device_stats = (counts, edges, words.gather(1, edges))  # [B], [B, 2], their words
+            occupied = (words != 0).view(torch.int8)  # [B, W]
+            last = (words.shape[1] - 1) - occupied.flip(1).argmax(dim=1)
+            edges = torch.stack([occupied.argmax(dim=1), last], dim=1)  # [B, 2] first/last non-zero word
+            self.device_stats = (counts, edges, words.gather(1, edges))  # [B], [B, 2], their words
         else:
             as_int8 = self.mask.view(torch.int8)
             first = as_int8.argmax(dim=1)
             last = (seq_len - 1) - as_int8.flip(1).argmax(dim=1)
             self.device_stats = (as_int8.sum(dim=1, dtype=torch.int32), torch.stack([first, last], 1))
 
-    def extents(self, host_stats: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def extents(self, host_stats: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The read-back ``device_stats`` -> (tokens, first token column, last token column) per row, [B]
         (an empty row has 0 tokens; its columns are meaningless)."""
-        counts = host_stats[0]
-        if not self.by_words:
-            edges = host_stats[1].reshape(-1, 2)
-            return counts, edges[:, 0], edges[:, 1]
         if self.scan_on_host:
-            words = self.mask.numpy().view(np.int64)  # [B, W] the mask's memory
+            mask_host = self.mask.numpy()  # [B, S] the mask's memory
+            words = mask_host.view(np.int64)  # [B, W]
             occupied = words != 0
-            last = (words.shape[1] - 1) - occupied[:, ::-1].argmax(axis=1)
-            edges = np.stack([occupied.argmax(axis=1), last], axis=1)  # [B, 2]
-            edge_words = np.take_along_axis(words, edges, axis=1)
+            edges = np.empty((words.shape[0], 2), np.int64)  # first/last non-zero word of each row
+            occupied.argmax(axis=1, out=edges[:, 0])
+            np.subtract(words.shape[1] - 1, occupied[:, ::-1].argmax(axis=1), out=edges[:, 1])
+            edge_words = words[np.arange(words.shape[0])[:, None], edges]  # [B, 2]
+        elif not self.by_words:
+            edges = host_stats[1].reshape(-1, 2)
+            return host_stats[0], edges[:, 0], edges[:, 1]
         else:
             edges, edge_words = host_stats[1].reshape(-1, 2), host_stats[2].reshape(-1, 2)
         edge_bytes = edge_words.view(np.uint8).reshape(-1, 2, 8) != 0  # memory order = columns
-        first_byte = edge_bytes[:, 0].argmax(axis=1)
-        last_byte = 7 - edge_bytes[:, 1, ::-1].argmax(axis=1)
-        return counts, edges[:, 0] * 8 + first_byte, edges[:, 1] * 8 + last_byte
+        first = edges[:, 0] * 8 + edge_bytes[:, 0].argmax(axis=1)
+        last = edges[:, 1] * 8 + (7 - edge_bytes[:, 1, ::-1].argmax(axis=1))
+        if not self.scan_on_host:
+            return host_stats[0], first, last
+        # A row's span (first to last token) is at least its token count, equal only if it is one run: when the
+        # spans add up to the mask's token count every row is one run and the spans are the counts.
+        spans = np.where(edge_words[:, 0] != 0, last - first + 1, 0)
+        if spans.sum() == np.count_nonzero(mask_host):
+            return spans, first, last
+        return self._word_counts_on_host(words), first, last
+
+    @staticmethod
+    def _word_counts_on_host(words: np.ndarray) -> np.ndarray:
+        """Tokens per row of a ``[B, W]`` word view of the mask: lane sums of groups of words, then of the lanes."""
+        return words.reshape(words.shape[0], -1, _lane_group(words.shape[1])).sum(axis=2).view(np.int8).sum(axis=1)
 
     def token_positions(self, num_tokens: int) -> torch.Tensor:
         """[N] flat ``b * S + s`` of the n-th token in row-major order (any mask)."""
@@ -577,18 +586,17 @@ def build_plan(
         sequence_start_host = per_sequence_host[1][:n].copy()
     else:
         sequence_start_host = cu_seqlens[:-1]
-    all_offsets = np.concatenate([seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded])
-    offsets = host.to_device(all_offsets, device, torch.int32)  # one copy, four views
+    offsets = host.tables_to_device([seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded], device, torch.int32)
     return PackPlan(
         ctx=ctx,
         layout=layout,
         alignment=alignment,
         batch_size=int(n),
         source_shape=source_shape,
-        seqlens=offsets[:n],
-        seqlens_padded=offsets[n : 2 * n],
-        cu_seqlens=offsets[2 * n : 3 * n + 1],
-        cu_seqlens_padded=offsets[3 * n + 1 :],
+        seqlens=offsets[0],
+        seqlens_padded=offsets[1],
+        cu_seqlens=offsets[2],
+        cu_seqlens_padded=offsets[3],
         max_seqlen=int(seqlens_host.max()),
         max_seqlen_padded=int(seqlens_padded.max()),
         num_valid_tokens=num_valid_tokens,
