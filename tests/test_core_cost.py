@@ -1,29 +1,18 @@
-"""Cost contract: the ATen op count of plan + pack + unpack does not grow with B; one host sync per plan.
-
-The one data-dependent op: a pack with no position to zero (no padding, no missing target) skips its
-``index_fill_``, so that op is compared as "at most one per pack" and every other op exactly.
-"""
+"""Cost contract: the ATen op count of plan + pack + unpack does not grow with B (``tests.op_counts``: a pack
+with nothing to zero skips one op); one host sync per plan."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from tests.distributed import run_gloo
+from tests.op_counts import ops_without_fills
 from verl_cppack import ParallelContext, plan_from_mask, plan_from_nested
 from verl_cppack.bench.batches import rollout_batch
 from verl_cppack.bench.counters import OpCounter, HostReadCounter
 from verl_cppack.packing import plan as plan_module
 
 pytestmark = pytest.mark.usefixtures("both_pack_paths")
-
-
-PACKS_PER_MICRO_BATCH = 3
-
-
-def _without_fills(ops):
-    """The op counts without ``index_fill_``, after checking it ran at most once per pack."""
-    assert ops.get("aten.index_fill_", 0) <= PACKS_PER_MICRO_BATCH
-    return {op: count for op, count in ops.items() if op != "aten.index_fill_"}
 
 
 def _micro_batch(batch_size, ctx):
@@ -34,7 +23,7 @@ def _micro_batch(batch_size, ctx):
         log_probs = packed[0].float()  # stands for the model output
         plan.unpack(log_probs)
         plan.unpack(log_probs * 2)
-    return _without_fills(counter.ops), counter.syncs() + tolist.calls
+    return ops_without_fills(counter.ops, packs=len(packed)), counter.syncs() + tolist.calls
 
 
 def _counts_on_two_ranks(rank, world_size, min_block_copy_positions):
