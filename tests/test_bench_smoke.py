@@ -65,15 +65,18 @@ def test_the_bench_can_keep_freed_host_memory_on_glibc():
 
 
 def test_cli_runs_the_sizes_it_is_given_and_refuses_bad_lists(tmp_path, capsys):
-    """`--batch-sizes/--seq-lens/--cp-sizes` pick the grid (one GPU can run `--cp-sizes 1`); a bad list is an
-    error before any process starts."""
+    """`--batch-sizes/--seq-lens/--cp-sizes` pick the grid (one GPU can run `--cp-sizes 1`); a bad list or a
+    negative warm-up is an error before any process starts."""
     from verl_cppack.cli import main
 
     assert main(["bench", "--cp-sizes", "1,two"]) == 2
     assert "comma-separated integers" in capsys.readouterr().err
     assert main(["bench", "--seq-lens", "0"]) == 2
     assert "positive ints" in capsys.readouterr().err
-    argv = ["bench", "--batch-sizes", "8", "--seq-lens", "64", "--cp-sizes", "1", "--repeats", "1", "--output", str(tmp_path)]
+    assert main(["bench", "--warmup", "-1"]) == 2
+    assert "warmup must be an int >= 0" in capsys.readouterr().err
+    argv = ["bench", "--batch-sizes", "8", "--seq-lens", "64", "--cp-sizes", "1", "--repeats", "1", "--warmup", "0"]
+    argv += ["--output", str(tmp_path)]
     assert main(argv) == 0
     rows = __import__("json").loads((tmp_path / "results.json").read_text())["rows"]
     assert [(row["batch_size"], row["seq_len"], row["cp_size"]) for row in rows] == [(8, 64, 1)]

@@ -43,6 +43,7 @@ class BenchSettings:
     seq_lens: tuple[int, ...] = (1024, 4096)
     cp_sizes: tuple[int, ...] = (1, 2, 4)
     repeats: int = 7
+    warmup: int = 5  # untimed micro-batches per implementation and point before the timed ones
     threads: int = 1
     device: str = "cpu"  # "cuda": one GPU per CP rank, nccl, CUDA-synchronised timings
     keep_freed_host_memory: bool = True  # CPU: glibc keeps freed buffers (see bench.host_allocator)
@@ -53,6 +54,8 @@ class BenchSettings:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise ValueError(f"repeats must be a positive int, got {self.repeats!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
         for name in ("batch_sizes", "seq_lens", "cp_sizes"):
             values = getattr(self, name)
             if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
@@ -66,7 +69,7 @@ class BenchSettings:
 
     @classmethod
     def quick(cls) -> "BenchSettings":
-        return cls(batch_sizes=(16, 64), seq_lens=(256,), cp_sizes=(1, 2), repeats=1)
+        return cls(batch_sizes=(16, 64), seq_lens=(256,), cp_sizes=(1, 2), repeats=1, warmup=1)
 
 
 # ---------------------------------------------------------------- the measured step
@@ -99,9 +102,11 @@ def _timed(fn) -> tuple[float, Any]:
     return time.perf_counter() - begin, result
 
 
-def _measure_impl(impl: Any, reset: Any, batch: tuple, repeats: int) -> dict[str, float]:
-    """Medians over ``repeats`` micro-batches, each a fresh plan: the preprocess, then the postprocess that
-    reuses what the preprocess built (work deferred to the postprocess is counted there)."""
+def _measure_impl(impl: Any, reset: Any, batch: tuple, settings: BenchSettings) -> dict[str, float]:
+    """Medians over ``settings.repeats`` micro-batches, each a fresh plan: the preprocess, then the postprocess
+    that reuses what the preprocess built (work deferred to the postprocess is counted there). ``settings.warmup``
+    untimed micro-batches run first: the first few of either implementation are slower (Python specialises
+    bytecode after a few calls, allocators fill their pools), and a training run is thousands of them."""
     input_ids, labels, label_mask, mask = batch
 
     def step() -> tuple[float, float]:
@@ -110,8 +115,9 @@ def _measure_impl(impl: Any, reset: Any, batch: tuple, repeats: int) -> dict[str
         post_s, _ = _timed(lambda: _postprocess(impl, packed_ids, params, mask))
         return pre_s, post_s
 
-    step()  # warm-up
-    samples = [step() for _ in range(repeats)]
+    for _ in range(settings.warmup):
+        step()
+    samples = [step() for _ in range(settings.repeats)]
     dist.barrier()
     reset()
     with OpCounter() as counter, HostReadCounter() as tolist:
@@ -207,8 +213,8 @@ def _rank_main(rank: int, cp_size: int, port: int, settings: BenchSettings, queu
                 labels = torch.roll(input_ids, -1, dims=1)
                 label_mask = mask & torch.roll(mask, -1, dims=1)
                 batch = (input_ids, labels, label_mask, mask)
-                verl = _measure_impl(verl_util, lambda: None, batch, settings.repeats)
-                cppack = _measure_impl(ours, ours.clear_plan_caches, batch, settings.repeats)
+                verl = _measure_impl(verl_util, lambda: None, batch, settings)
+                cppack = _measure_impl(ours, ours.clear_plan_caches, batch, settings)
                 copies_ms = _copies_only(batch, cp_size, rank, settings.repeats) * 1e3
                 if rank == 0:
                     rows.append(
@@ -376,7 +382,7 @@ def performance_section(rows: list[dict[str, Any]], settings: BenchSettings, plo
         threads += ", freed host memory kept by glibc as a caching allocator would (`--system-malloc` turns it off)"
     parts = [
         f"Measured by `verl-cppack bench --device {settings.device}` ({_machine(settings)}, {threads}, "
-        f"median of {settings.repeats}); verl {_version('verl')}, torch {torch.__version__}. "
+        f"median of {settings.repeats} after {settings.warmup} untimed); verl {_version('verl')}, torch {torch.__version__}. "
         "Ratios are verl time / verl_cppack time in the same run.",
         "",
         *summary_lines(rows),
