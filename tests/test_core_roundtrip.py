@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tests import oracle
 from verl_cppack import ParallelContext, plan_from_lengths, plan_from_mask, plan_from_nested
+from verl_cppack.core.host import read_to_host
 from verl_cppack.packing.plan import _MaskRows
 
 DTYPES = [torch.int64, torch.bool, torch.bfloat16, torch.float32]
@@ -224,6 +225,12 @@ def _check_wide_mask(mask, offset_view, cp_size):
         mask_tensor = torch.cat([torch.zeros(1, seq_len, dtype=torch.bool), mask_tensor])[1:]
     x = torch.arange(batch_size * seq_len).view(batch_size, seq_len)
     lengths = [sum(row) for row in mask]
+    scan = _MaskRows(mask_tensor)  # each row's token count, first and last token column
+    counts, first, last = scan.extents(read_to_host(*scan.device_stats))
+    assert counts.tolist() == lengths
+    for row, row_first, row_last in zip(mask, first, last):
+        if any(row):
+            assert (row_first, row_last) == (row.index(1), seq_len - 1 - row[::-1].index(1))
     slot_multiple, stream_multiple = _oracle_alignment(1, cp_size, False)
     cu_padded = oracle.offsets(oracle.padded_lengths(lengths, slot_multiple, stream_multiple))
     stream = oracle.stream_of_rows(mask, oracle.padded_lengths(lengths, slot_multiple, stream_multiple))

@@ -217,9 +217,12 @@ class PackPlan:
             lengths.append(used - ahead)
         firsts.append(np.zeros_like(offset))
         lengths.append(length - used)
-        first, piece_length = np.stack(firsts, axis=-1).reshape(-1), np.stack(lengths, axis=-1).reshape(-1)
+        shape = (*offset.shape, len(firsts))  # the pieces of each run, in order
+        first, piece_length = np.empty(shape, np.int64), np.empty(shape, np.int64)
+        for piece, (piece_first, piece_len) in enumerate(zip(firsts, lengths)):
+            first[..., piece], piece_length[..., piece] = piece_first, piece_len
         has_target = np.arange(first.size) % len(firsts) != len(firsts) - 1  # the last piece of each run has none
-        return _Pieces(first, piece_length, has_target, runs.total)
+        return _Pieces(first.reshape(-1), piece_length.reshape(-1), has_target, runs.total)
 
     # ------------------------------------------------------------------ pack
     def pack(self, x: torch.Tensor, *, shift: int = 0, wrap: bool = False) -> torch.Tensor:
@@ -331,8 +334,9 @@ class _Pieces:
 def _copy_block(pieces: _Pieces) -> int:
     """Rows per window for ``pieces``: a piece of ``L`` rows costs about ``L / b`` windows plus ``b / 2`` fix-ups,
     least at ``b = sqrt(2 L)``; a power of two between 2 and ``MAX_COPY_BLOCK`` near that for the mean piece."""
-    lengths = pieces.length[pieces.has_target & (pieces.length > 0)]
-    mean_length = float(lengths.sum()) / lengths.size if lengths.size else 1.0
+    target_lengths = np.where(pieces.has_target, pieces.length, 0)
+    num_pieces = np.count_nonzero(target_lengths)
+    mean_length = float(target_lengths.sum()) / num_pieces if num_pieces else 1.0
     return min(max(2 ** round(math.log2(math.sqrt(2 * mean_length))), 2), MAX_COPY_BLOCK)
 
 
@@ -491,7 +495,7 @@ class _MaskRows:
             occupied = words != 0
             edges = np.empty((words.shape[0], 2), np.int64)  # first/last non-zero word of each row
             occupied.argmax(axis=1, out=edges[:, 0])
-            np.subtract(words.shape[1] - 1, occupied[:, ::-1].argmax(axis=1), out=edges[:, 1])
+            np.subtract(words.shape[1] - 1, _reversed_rows(occupied).argmax(axis=1), out=edges[:, 1])
             edge_words = words[np.arange(words.shape[0])[:, None], edges]  # [B, 2]
         elif not self.by_words:
             edges = host_stats[1].reshape(-1, 2)
@@ -521,6 +525,14 @@ class _MaskRows:
         rank = torch.where(flat, torch.cumsum(flat, 0) - 1, num_tokens)  # [B*S], non-tokens to a sink
         positions = torch.empty(num_tokens + 1, dtype=torch.long, device=flat.device)
         return positions.index_copy_(0, rank, torch.arange(flat.numel(), device=flat.device))[:num_tokens]
+
+
+def _reversed_rows(flags: np.ndarray) -> np.ndarray:
+    """``flags[:, ::-1]`` as a contiguous copy; rows of whole 8-byte groups are reversed group by group with the
+    bytes of each group swapped (numpy copies reversed bytes one at a time, 8-byte groups ~3x faster)."""
+    if flags.shape[1] % 8:
+        return np.ascontiguousarray(flags[:, ::-1])
+    return flags.view(np.uint64)[:, ::-1].byteswap().view(bool)
 
 
 @functools.lru_cache(maxsize=64)
