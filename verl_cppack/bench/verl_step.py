@@ -43,7 +43,7 @@ class BenchSettings:
     seq_lens: tuple[int, ...] = (1024, 4096)
     cp_sizes: tuple[int, ...] = (1, 2, 4)
     repeats: int = 7
-    warmup: int = 5  # untimed micro-batches per implementation and point before the timed ones
+    warmup: int = 10  # untimed micro-batches per implementation and point before the timed ones
     threads: int = 1
     device: str = "cpu"  # "cuda": one GPU per CP rank, nccl, CUDA-synchronised timings
     keep_freed_host_memory: bool = True  # CPU: glibc keeps freed buffers (see bench.host_allocator)
@@ -105,8 +105,9 @@ def _timed(fn) -> tuple[float, Any]:
 def _measure_impl(impl: Any, reset: Any, batch: tuple, settings: BenchSettings) -> dict[str, float]:
     """Medians over ``settings.repeats`` micro-batches, each a fresh plan: the preprocess, then the postprocess
     that reuses what the preprocess built (work deferred to the postprocess is counted there). ``settings.warmup``
-    untimed micro-batches run first: the first few of either implementation are slower (Python specialises
-    bytecode after a few calls, allocators fill their pools), and a training run is thousands of them."""
+    untimed micro-batches run first, for both: a training run is thousands of micro-batches, and here the first
+    ~8 of a new batch shape are up to 1.5x slower for verl_cppack (the allocator grows its heap, pages are touched
+    for the first time: hundreds of page faults in those, none after)."""
     input_ids, labels, label_mask, mask = batch
 
     def step() -> tuple[float, float]:

@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", default="bench_out", help="folder for results.json, table.md, speedup.png")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     parser.add_argument("--repeats", type=int, default=7, help="micro-batches timed per point; medians reported")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed micro-batches per implementation and point first")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed micro-batches per implementation and point first")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per CP rank, nccl")
     parser.add_argument("--batch-sizes", help="comma-separated B values (default 16,64,256,1024)")
     parser.add_argument("--seq-lens", help="comma-separated S values (default 1024,4096)")
