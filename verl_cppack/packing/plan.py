@@ -17,7 +17,7 @@ rank-major stream
 Cost: building a plan makes one device->host read (``core.host.read_to_host``: per-sequence lengths and
 where each sequence starts, with the value checks); the per-sequence arithmetic then runs on the host with
 numpy and only run tables travel back. No Python loop over sequences. The mask is scanned as 8-byte words
-(first/last token by numpy on a CPU mask's memory). ``pack`` copies windows of up to 32 consecutive source rows
+(by numpy on a CPU mask's memory, see ``_MaskRows``). ``pack`` copies windows of up to 32 consecutive source rows
 per index entry (``core.blocks``: one ``index_select`` over an overlapping strided view, then the few positions
 the windows get wrong, then zeros where there is no token), so it never builds a per-position index; its tables
 are expanded on the host and sent in one copy. ``unpack`` is one all-gather and one ``index_copy_`` into zeros
@@ -459,8 +459,9 @@ class _MaskRows:
     When ``S % 8 == 0`` the mask is read as 8-byte words (8 columns each) so the scans run over ``S/8``
     words: the first and last non-zero word of each row, whose bytes the host inspects, and token counts as
     lane-wise word sums (a byte lane counts its column's tokens, below 128 per group of words, so lanes never
-    carry) read back as bytes. A CPU mask is scanned the same way by numpy on the mask's own memory
-    (``scan_on_host``: no tensor op, nothing to read back); its ``argmax`` stops at the first non-zero word.
+    carry) read back as bytes. A CPU mask is scanned by numpy on the mask's own memory (``scan_on_host``: no
+    tensor op, nothing to read back; ``argmax`` stops at the first non-zero word), and its counts are the rows'
+    spans when one ``count_nonzero`` of the whole mask shows every row is one run (else the same lane sums).
     """
 
     scan_cpu_masks_on_host = True  # tests turn it off to run the device scan on CPU tensors
