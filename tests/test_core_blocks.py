@@ -52,6 +52,23 @@ def test_block_copy_equals_a_loop(case, trailing, dtype):
     assert gather.fix_positions.numel() <= len(pieces) * (block - 1) + 2 * block
 
 
+@settings(max_examples=200, deadline=None)
+@given(pieces_and_source())
+def test_blocks_of_pieces_without_target_can_read_a_zero_block(case):
+    """With ``zero_rows`` (``block`` zero rows after the source) the blocks owned by pieces without a target read
+    zeros and only those pieces' positions inside other blocks are zeroed one by one: the same copy."""
+    source_rows, pieces, block = case
+    firsts, lengths, has_target = (np.array(column) for column in zip(*pieces))
+    rows = torch.cat([torch.randn(source_rows, 2), torch.zeros(block, 2)])
+    gather = block_copy(
+        firsts.astype(np.int64), lengths.astype(np.int64), has_target.astype(bool), block, source_rows + block, CPU,
+        zero_rows=source_rows,
+    )
+    assert torch.equal(gather.gather(rows), loop_oracle(rows, firsts, lengths, has_target))
+    if block > 1:  # fills are only heads: under one block per piece
+        assert gather.fill_positions.numel() <= len(pieces) * (block - 1)
+
+
 def test_windows_of_a_strided_source():
     """A non-contiguous source (every other row of a transposed tensor, from row 0 or 1 of its storage) is read
     through its strides and storage offset."""

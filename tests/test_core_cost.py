@@ -1,5 +1,5 @@
-"""Cost contract: the ATen op count of plan + pack + unpack does not grow with B (``tests.op_counts``: a pack
-with nothing to zero skips one op); one host sync per plan."""
+"""Cost contract: the ATen op count of plan + pack + unpack does not grow with B (``tests.op_counts``: a block
+copy with nothing to zero skips one op); one host sync per plan."""
 
 import pytest
 import torch
@@ -15,6 +15,9 @@ from verl_cppack.packing import plan as plan_module
 pytestmark = pytest.mark.usefixtures("both_pack_paths")
 
 
+COPIES = 5  # three packs, two unpacks
+
+
 def _micro_batch(batch_size, ctx):
     input_ids, mask = rollout_batch(batch_size, 32)
     with OpCounter() as counter, HostReadCounter() as tolist:
@@ -23,7 +26,7 @@ def _micro_batch(batch_size, ctx):
         log_probs = packed[0].float()  # stands for the model output
         plan.unpack(log_probs)
         plan.unpack(log_probs * 2)
-    return ops_without_fills(counter.ops, packs=len(packed)), counter.syncs() + tolist.calls
+    return dict(counter.ops), counter.syncs() + tolist.calls
 
 
 def _counts_on_two_ranks(rank, world_size, min_block_copy_positions):
@@ -35,14 +38,15 @@ def _counts_on_two_ranks(rank, world_size, min_block_copy_positions):
 def test_op_count_is_flat_in_batch_size_and_one_sync_with_cp2():
     for per_batch_size in run_gloo(_counts_on_two_ranks, 2, plan_module.MIN_BLOCK_COPY_POSITIONS):
         (ops_small, syncs_small), (ops_mid, _), (ops_large, syncs_large) = per_batch_size.values()
-        assert ops_small == ops_mid == ops_large
+        assert ops_without_fills(ops_small, COPIES) == ops_without_fills(ops_mid, COPIES)
+        assert ops_without_fills(ops_mid, COPIES) == ops_without_fills(ops_large, COPIES)
         assert syncs_small == syncs_large == 1
 
 
 def test_op_count_is_flat_in_batch_size_with_cp1():
     ops_small, syncs_small = _micro_batch(8, ParallelContext())
     ops_large, syncs_large = _micro_batch(512, ParallelContext())
-    assert ops_small == ops_large
+    assert ops_without_fills(ops_small, COPIES) == ops_without_fills(ops_large, COPIES)
     assert syncs_small == syncs_large == 1
 
 
@@ -57,7 +61,7 @@ def test_nested_plan_is_flat_and_syncs_once():
         return counter.ops, counter.syncs() + tolist.calls
 
     (ops_small, syncs_small), (ops_large, syncs_large) = run(4), run(300)
-    assert ops_small == ops_large
+    assert ops_without_fills(ops_small, 2) == ops_without_fills(ops_large, 2)
     assert syncs_small == syncs_large == 1
 
 

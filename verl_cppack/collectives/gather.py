@@ -31,13 +31,15 @@ def _check_group(ctx: ParallelContext) -> None:
 
 class _AllGatherRankMajor(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, local: torch.Tensor, parallel: ParallelContext, contract: str) -> torch.Tensor:
+    def forward(ctx, local: torch.Tensor, parallel: ParallelContext, contract: str, zero_rows: int) -> torch.Tensor:
         ctx.parallel, ctx.contract, ctx.local_length = parallel, contract, local.shape[0]
         wire = local.detach().contiguous()
         if wire.dtype == torch.bool:  # gloo has no bool all-gather; same bytes as uint8
             wire = wire.view(torch.uint8)
-        gathered = torch.empty((parallel.cp_size * wire.shape[0], *wire.shape[1:]), dtype=wire.dtype, device=wire.device)
-        dist.all_gather(list(gathered.chunk(parallel.cp_size)), wire, group=parallel.cp_group)
+        stream_length = parallel.cp_size * wire.shape[0]
+        gathered = torch.empty((stream_length + zero_rows, *wire.shape[1:]), dtype=wire.dtype, device=wire.device)
+        gathered[stream_length:].zero_()
+        dist.all_gather(list(gathered[:stream_length].chunk(parallel.cp_size)), wire, group=parallel.cp_group)
         return gathered.view(torch.bool) if local.dtype == torch.bool else gathered
 
     @staticmethod
@@ -46,13 +48,14 @@ class _AllGatherRankMajor(torch.autograd.Function):
         if ctx.contract == "sum":
             grad = grad.contiguous()
             dist.all_reduce(grad, group=parallel.cp_group)
-        return grad.narrow(0, parallel.cp_rank * ctx.local_length, ctx.local_length), None, None
+        return grad.narrow(0, parallel.cp_rank * ctx.local_length, ctx.local_length), None, None, None
 
 
 def all_gather_rank_major(
-    local: torch.Tensor, ctx: ParallelContext, gradient: GradientContract = "local"
+    local: torch.Tensor, ctx: ParallelContext, gradient: GradientContract = "local", zero_rows: int = 0
 ) -> torch.Tensor:
-    """``local`` [T_local, *] on every rank -> ``[cp_size * T_local, *]``, rank 0's rows first.
+    """``local`` [T_local, *] on every rank -> ``[cp_size * T_local, *]``, rank 0's rows first, then ``zero_rows``
+    zero rows (gathered in place, no extra copy; ``PackPlan.unpack`` copies blocks of rows out of it).
 
     ``gradient="local"`` (verl / Megatron loss scaling): the backward passes this rank's slice of the
     incoming gradient to ``local`` and nothing else. ``gradient="sum"`` (Megatron-RL, NeMo-RL, OpenRLHF):
@@ -62,6 +65,6 @@ def all_gather_rank_major(
     if gradient not in ("local", "sum"):
         raise ValueError(f"gradient must be 'local' or 'sum', got {gradient!r}")
     if ctx.cp_size == 1:
-        return local
+        return torch.cat([local, local.new_zeros((zero_rows, *local.shape[1:]))]) if zero_rows else local
     _check_group(ctx)
-    return _AllGatherRankMajor.apply(local, ctx, gradient)
+    return _AllGatherRankMajor.apply(local, ctx, gradient, zero_rows)

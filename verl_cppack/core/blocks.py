@@ -61,11 +61,14 @@ def block_copy(
     source_rows: int,  # rows of the source, at least ``block``
     device: torch.device,
     dtype: torch.dtype = torch.long,  # of the windows when block == 1 (int32 halves their traffic)
+    zero_rows: int | None = None,  # first of ``block`` zero rows of the source, if it has them
 ) -> BlockGather:
     """The tables that copy ``first[k] + i`` to stream position ``start[k] + i``, on ``device``.
 
     With ``block > 1`` the tables are short (a window per block, the fix-ups, the fills): computed and expanded
     on the host, sent in one copy. With ``block == 1`` the windows are one per position: expanded on the device.
+    With ``zero_rows`` (and ``block > 1``) the blocks owned by pieces without a target read the zero rows, so only
+    those pieces' positions inside other blocks are zeroed one by one.
     """
     if not 1 <= block <= source_rows:
         raise ValueError(f"block must be between 1 and the {source_rows} source rows, got {block}")
@@ -80,8 +83,13 @@ def block_copy(
     block_of = -(-offsets // block)  # first block starting at or after each piece boundary
     first_block, end_block = block_of[:-1], block_of[1:]  # piece k owns blocks [first_block, end_block)
     last_window = source_rows - block
-    windows = np.arange(0, block * int(block_of[-1]), block) + shift.repeat(end_block - first_block)
-    head_length = np.where(has_target, np.minimum(length, block * first_block - start), 0)
+    blocks_owned = end_block - first_block
+    windows = np.arange(0, block * int(block_of[-1]), block) + shift.repeat(blocks_owned)
+    heads = np.minimum(length, block * first_block - start)  # positions before a piece's first block
+    head_length = np.where(has_target, heads, 0)
+    if zero_rows is not None:
+        windows = np.where(has_target.repeat(blocks_owned), windows, zero_rows)
+        fill_length = np.where(has_target, 0, heads)
     fix_first, fix_length = start, head_length
     if windows.max(initial=0) > last_window:  # windows past the last row are clamped: their tails are fixed up
         np.minimum(windows, last_window, out=windows)

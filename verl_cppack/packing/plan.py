@@ -20,9 +20,9 @@ numpy and only run tables travel back. No Python loop over sequences. The mask i
 (by numpy on a CPU mask's memory, see ``_MaskRows``). ``pack`` copies windows of up to 32 consecutive source rows
 per index entry (``core.blocks``: one ``index_select`` over an overlapping strided view, then the few positions
 the windows get wrong, then zeros where there is no token), so it never builds a per-position index; its tables
-are expanded on the host and sent in one copy. ``unpack`` is one all-gather and one ``index_copy_`` into zeros
-(padding lands in sink rows past the real ones) with a per-position index expanded on the device (one scatter of
-per-run jumps plus one cumulative sum).
+are expanded on the host and sent in one copy. ``unpack`` is the same block copy the other way: one all-gather
+into the rank-major stream followed by a block of zero rows, then the source rows in source order, each
+sequence's chunks copied from where the layout put them and the gaps between them (padding) from the zero block.
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ class PackPlan:
     tables: SequenceTables  # the per-sequence numbers above (and where each sequence's tokens start), on the host
     token_rows: torch.Tensor | None  # [N] int64 source row of each token in stream order; None: token space = source
     _local_packings: dict = field(default_factory=dict, init=False, repr=False)  # (shift, wrap) -> _LocalPacking
+    _copy_backs: dict = field(default_factory=dict, init=False, repr=False)  # token space? -> BlockGather
 
     @property
     def source_rows(self) -> int:
@@ -148,17 +149,6 @@ class PackPlan:
     def stream_source(self) -> torch.Tensor:
         """[T] int64 source row of each stream position; ``>= source_rows`` at padding."""
         return self._sink_index(Runs.whole_slots(self.tables.cu_seqlens_padded))
-
-    @cached_property
-    def rank_major_source(self) -> torch.Tensor:
-        """[T] int64 source row of each all-gathered (rank-major) position; padding gets the sink rows
-        ``source_rows .. source_rows + T - N - 1``, one each."""
-        return self._sink_index(self._all_ranks_runs())
-
-    @cached_property
-    def rank_major_token(self) -> torch.Tensor:
-        """[T] int64 token index (stream order) of each rank-major position; padding gets ``N .. T - 1``."""
-        return self._sink_index(self._all_ranks_runs(), token_order=True)
 
     def _all_ranks_runs(self) -> Runs:
         return self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
@@ -273,19 +263,23 @@ class PackPlan:
         (verl's contract) only this rank's chunk receives gradient, see ``all_gather_rank_major``.
         """
         local = self._check_local(y_local)
-        return self._to_source_layout(self._scatter_rows(all_gather_rank_major(local, self.ctx, gradient)))
+        copy = self._copy_back_tables(token_order=False)
+        stream = all_gather_rank_major(local, self.ctx, gradient, zero_rows=copy.block)  # [T + block, *]
+        return self._to_source_layout(self._copy_back(stream, token_order=False))
 
     def restore(self, local_outputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """Pure, no process group: every rank's ``[1, T_local, *]`` output (rank order) -> what ``unpack`` returns."""
         if len(local_outputs) != self.ctx.cp_size:
             raise ValueError(f"restore needs one local output per CP rank ({self.ctx.cp_size}), got {len(local_outputs)}")
-        return self._to_source_layout(self._scatter_rows(torch.cat([self._check_local(y) for y in local_outputs])))
+        locals_ = [self._check_local(y) for y in local_outputs]
+        zeros = locals_[0].new_zeros((self._copy_back_tables(token_order=False).block, *locals_[0].shape[1:]))
+        return self._to_source_layout(self._copy_back(torch.cat([*locals_, zeros]), token_order=False))
 
     def unpack_nested(self, y_local: torch.Tensor, *, gradient: GradientContract = "local") -> torch.Tensor:
         """Like ``unpack`` but always a jagged nested tensor ``[n, j, *]`` of the real tokens of each sequence."""
-        gathered = all_gather_rank_major(self._check_local(y_local), self.ctx, gradient)  # [T, *]
-        values = gathered.new_zeros(gathered.shape)  # [T, *]: the N tokens, then a sink row per padding position
-        values = values.index_copy_(0, self.rank_major_token, gathered)[: self.num_valid_tokens]  # [N, *]
+        copy = self._copy_back_tables(token_order=True)
+        stream = all_gather_rank_major(self._check_local(y_local), self.ctx, gradient, zero_rows=copy.block)
+        values = self._copy_back(stream, token_order=True)  # [N, *]
         return torch.nested.nested_tensor_from_jagged(values, offsets=self.cu_seqlens.long())
 
     def _check_local(self, y_local: torch.Tensor) -> torch.Tensor:
@@ -297,10 +291,41 @@ class PackPlan:
             )
         return y_local[0]
 
-    def _scatter_rows(self, gathered: torch.Tensor) -> torch.Tensor:
-        """Rank-major ``[T, *]`` -> source rows ``[source_rows, *]``, zeros where no token lands (padding: sink rows)."""
-        rows = gathered.new_zeros((self.source_rows + self.total_length - self.num_valid_tokens, *gathered.shape[1:]))
-        return rows.index_copy_(0, self.rank_major_source, gathered)[: self.source_rows]
+    def _copy_back(self, stream: torch.Tensor, token_order: bool) -> torch.Tensor:
+        """Rank-major ``[T, *]`` followed by a zero block (``_copy_back_tables``) -> source rows ``[source_rows, *]``
+        (``token_order``: the N tokens in stream order), zeros where no token lands."""
+        values = self._copy_back_tables(token_order).gather(stream)  # [source_rows or N, *]
+        if self.token_rows is not None and not token_order:  # tokens -> their source rows (rows with gaps)
+            rows = values.new_zeros((self.source_rows, *values.shape[1:]))
+            return rows.index_copy_(0, self.token_rows, values)
+        return values
+
+    def _copy_back_tables(self, token_order: bool) -> BlockGather:
+        """How ``_copy_back`` reads the stream, built once per space: the source (token space with ``token_order``
+        or when tokens are looked up in ``token_rows``) in source order as pieces, each chunk of a sequence the
+        layout put somewhere in the rank-major stream, and the gaps around them, which have no target (blocks they
+        own read the zero block after the stream; their few other positions are zeroed)."""
+        token_space = token_order or self.token_rows is not None
+        if token_space not in self._copy_backs:
+            self._copy_backs[token_space] = self._source_order_copy(token_space)
+        return self._copy_backs[token_space]
+
+    def _source_order_copy(self, token_space: bool) -> BlockGather:
+        pieces = self._pieces(self._all_ranks_runs(), token_order=token_space)  # rank-major: [tokens, padding]...
+        stream_start = run_starts(pieces.length)  # rank-major position of every piece
+        chunks = pieces.has_target & (pieces.length > 0)
+        order = np.argsort(pieces.first[chunks], kind="stable")  # chunks are disjoint: sorted = source order
+        first, start, length = pieces.first[chunks][order], stream_start[chunks][order], pieces.length[chunks][order]
+        rows = self.num_valid_tokens if token_space else self.source_rows
+        gaps = np.append(first, rows) - np.concatenate([[0], first + length])  # before each chunk, then after the last
+        piece_first, piece_length = np.zeros(2 * first.size + 1, np.int64), np.empty(2 * first.size + 1, np.int64)
+        piece_first[1::2], piece_length[1::2], piece_length[0::2] = start, length, gaps
+        has_target = np.arange(piece_first.size) % 2 == 1
+        source_order = _Pieces(piece_first, piece_length, has_target, rows)
+        block = _copy_block(source_order) if rows >= MIN_BLOCK_COPY_POSITIONS else 1
+        stream = self.total_length  # the source of the copy: the stream, then ``block`` zero rows
+        dtype = torch.int32 if stream + block < 2**31 else torch.long
+        return block_copy(piece_first, piece_length, has_target, block, stream + block, self.device, dtype, zero_rows=stream)
 
     def _to_source_layout(self, rows: torch.Tensor) -> torch.Tensor:
         if self.source_shape is None:
