@@ -23,11 +23,12 @@ pytest.importorskip("megatron.core")
 
 @pytest.fixture(scope="module")
 def rows():
-    return run_benchmark(BenchSettings(batch_sizes=(8, 32), seq_lens=(64,), cp_sizes=(2,), repeats=1))
+    return run_benchmark(BenchSettings(batch_sizes=(8, 32), seq_lens=(64,), cp_sizes=(2,), repeats=1, runs=2, warmup=1))
 
 
 def test_counts(rows):
     assert [row["batch_size"] for row in rows] == [8, 32]
+    assert all(row["runs"] == 2 for row in rows)
     assert all(row["verl_cppack"]["host_syncs"] == 1 for row in rows)
     assert rows[0]["verl_cppack"]["aten_ops"] == rows[1]["verl_cppack"]["aten_ops"]
     assert rows[0]["verl"]["aten_ops"] < rows[1]["verl"]["aten_ops"]
@@ -44,6 +45,20 @@ def test_report_files_and_readme_section(rows, tmp_path):
     update_readme(readme, performance_section(rows, BenchSettings(repeats=1), None))
     text = readme.read_text()
     assert "old" not in text and text.endswith(f"{README_END}\ntail\n") and "| 64 | 2 | 8 |" in text
+
+
+def test_times_of_several_runs_are_their_medians_and_counts_come_from_the_first():
+    from verl_cppack.bench.verl_step import _median_over_runs
+
+    def run(scale):
+        times = {"preprocess_ms": 1.0 * scale, "postprocess_ms": 2.0 * scale, "step_ms": 3.0 * scale, "aten_ops": 51}
+        return {"batch_size": 8, "verl": dict(times), "verl_cppack": dict(times), "preprocess_copies_ms": scale,
+                "pack_over_index_select": scale}
+
+    row = _median_over_runs((run(1.0), run(5.0), run(2.0)))
+    assert row["runs"] == 3 and row["verl"]["preprocess_ms"] == 2.0 and row["verl_cppack"]["step_ms"] == 6.0
+    assert row["preprocess_copies_ms"] == 2.0 and row["pack_over_index_select"] == 2.0
+    assert row["verl"]["aten_ops"] == 51
 
 
 def test_bad_device_settings_are_refused_before_any_process_starts():
@@ -65,8 +80,8 @@ def test_the_bench_can_keep_freed_host_memory_on_glibc():
 
 
 def test_cli_runs_the_sizes_it_is_given_and_refuses_bad_lists(tmp_path, capsys):
-    """`--batch-sizes/--seq-lens/--cp-sizes` pick the grid (one GPU can run `--cp-sizes 1`); a bad list or a
-    negative warm-up is an error before any process starts."""
+    """`--batch-sizes/--seq-lens/--cp-sizes` pick the grid (one GPU can run `--cp-sizes 1`); a bad list, a negative
+    warm-up or no run is an error before any process starts."""
     from verl_cppack.cli import main
 
     assert main(["bench", "--cp-sizes", "1,two"]) == 2
@@ -75,7 +90,10 @@ def test_cli_runs_the_sizes_it_is_given_and_refuses_bad_lists(tmp_path, capsys):
     assert "positive ints" in capsys.readouterr().err
     assert main(["bench", "--warmup", "-1"]) == 2
     assert "warmup must be an int >= 0" in capsys.readouterr().err
+    assert main(["bench", "--runs", "0"]) == 2
+    assert "runs must be a positive int" in capsys.readouterr().err
     argv = ["bench", "--batch-sizes", "8", "--seq-lens", "64", "--cp-sizes", "1", "--repeats", "1", "--warmup", "0"]
+    argv += ["--runs", "1"]
     argv += ["--output", str(tmp_path)]
     assert main(argv) == 0
     rows = __import__("json").loads((tmp_path / "results.json").read_text())["rows"]

@@ -4,7 +4,7 @@ The step is what verl's Megatron forward does around the model: pack ``input_ids
 mask (three ``preprocess_packed_seqs`` calls), then gather back log-probs and entropy (two
 ``postprocess_packed_seqs`` calls, all-gather included). Both implementations run in the same processes,
 on the same rollout-shaped batches, inside real gloo CP groups (one process per CP rank). Times are medians
-over repeats; ratios are verl / verl_cppack. verl_cppack's plan cache is cleared before every repeat, so
+over repeats, then over runs (fresh process groups); ratios are verl / verl_cppack. verl_cppack's plan cache is cleared before every repeat, so
 each repeat pays for one plan, as a new micro-batch would.
 
 Also measured: ATen op count, device->host syncs, peak extra memory (bytes allocated inside the step),
@@ -43,6 +43,7 @@ class BenchSettings:
     seq_lens: tuple[int, ...] = (1024, 4096)
     cp_sizes: tuple[int, ...] = (1, 2, 4)
     repeats: int = 7
+    runs: int = 3  # fresh process groups per CP size; times are medians over runs (a run's times drift together)
     warmup: int = 10  # untimed micro-batches per implementation and point before the timed ones
     threads: int = 1
     device: str = "cpu"  # "cuda": one GPU per CP rank, nccl, CUDA-synchronised timings
@@ -54,6 +55,8 @@ class BenchSettings:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise ValueError(f"repeats must be a positive int, got {self.repeats!r}")
+        if isinstance(self.runs, bool) or not isinstance(self.runs, int) or self.runs < 1:
+            raise ValueError(f"runs must be a positive int, got {self.runs!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
         for name in ("batch_sizes", "seq_lens", "cp_sizes"):
@@ -69,7 +72,7 @@ class BenchSettings:
 
     @classmethod
     def quick(cls) -> "BenchSettings":
-        return cls(batch_sizes=(16, 64), seq_lens=(256,), cp_sizes=(1, 2), repeats=1, warmup=1)
+        return cls(batch_sizes=(16, 64), seq_lens=(256,), cp_sizes=(1, 2), repeats=1, runs=1, warmup=1)
 
 
 # ---------------------------------------------------------------- the measured step
@@ -253,12 +256,29 @@ def run_benchmark(settings: BenchSettings) -> list[dict[str, Any]]:
     context = mp.get_context("spawn")
     rows: list[dict[str, Any]] = []
     for cp_size in settings.cp_sizes:
-        queue = context.SimpleQueue()
-        mp.start_processes(
-            _rank_main, args=(cp_size, _free_port(), settings, queue), nprocs=cp_size, join=True, start_method="spawn"
-        )
-        rows.extend(queue.get())
+        runs = []
+        for _ in range(settings.runs):
+            queue = context.SimpleQueue()
+            mp.start_processes(
+                _rank_main, args=(cp_size, _free_port(), settings, queue), nprocs=cp_size, join=True, start_method="spawn"
+            )
+            runs.append(queue.get())
+        rows.extend(_median_over_runs(point_runs) for point_runs in zip(*runs))
     return rows
+
+
+TIMINGS = ("preprocess_ms", "postprocess_ms", "step_ms")
+
+
+def _median_over_runs(point_runs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    """One point measured in several runs -> the first run's row with every time the median over the runs (the
+    times of one process drift together by up to ±20% on a shared VM; counts and sizes do not change)."""
+    row = {**point_runs[0], "runs": len(point_runs)}
+    for impl in ("verl", "verl_cppack"):
+        row[impl] = {**row[impl], **{t: statistics.median(run[impl][t] for run in point_runs) for t in TIMINGS}}
+    for key in ("preprocess_copies_ms", "pack_over_index_select"):
+        row[key] = statistics.median(run[key] for run in point_runs)
+    return row
 
 
 # ---------------------------------------------------------------------- reporting
@@ -383,7 +403,7 @@ def performance_section(rows: list[dict[str, Any]], settings: BenchSettings, plo
         threads += ", freed host memory kept by glibc as a caching allocator would (`--system-malloc` turns it off)"
     parts = [
         f"Measured by `verl-cppack bench --device {settings.device}` ({_machine(settings)}, {threads}, "
-        f"median of {settings.repeats} after {settings.warmup} untimed); verl {_version('verl')}, torch {torch.__version__}. "
+        f"median of {settings.repeats} after {settings.warmup} untimed, then the median of {settings.runs} runs); verl {_version('verl')}, torch {torch.__version__}. "
         "Ratios are verl time / verl_cppack time in the same run.",
         "",
         *summary_lines(rows),

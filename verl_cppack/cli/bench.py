@@ -21,7 +21,7 @@ from verl_cppack.bench.verl_step import (
 
 def run(args: argparse.Namespace) -> int:
     settings = BenchSettings.quick() if args.quick else BenchSettings(
-        threads=args.threads, repeats=args.repeats, warmup=args.warmup
+        threads=args.threads, repeats=args.repeats, runs=args.runs, warmup=args.warmup
     )
     settings = dataclasses.replace(settings, device=args.device, keep_freed_host_memory=not args.system_malloc)
     try:
@@ -63,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", default="bench_out", help="folder for results.json, table.md, speedup.png")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     parser.add_argument("--repeats", type=int, default=7, help="micro-batches timed per point; medians reported")
+    parser.add_argument("--runs", type=int, default=3, help="fresh process groups per CP size; medians over runs")
     parser.add_argument("--warmup", type=int, default=10, help="untimed micro-batches per implementation and point first")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per CP rank, nccl")
     parser.add_argument("--batch-sizes", help="comma-separated B values (default 16,64,256,1024)")
