@@ -271,9 +271,9 @@ class PackPlan:
         """Pure, no process group: every rank's ``[1, T_local, *]`` output (rank order) -> what ``unpack`` returns."""
         if len(local_outputs) != self.ctx.cp_size:
             raise ValueError(f"restore needs one local output per CP rank ({self.ctx.cp_size}), got {len(local_outputs)}")
-        locals_ = [self._check_local(y) for y in local_outputs]
-        zeros = locals_[0].new_zeros((self._copy_back_tables(token_order=False).block, *locals_[0].shape[1:]))
-        return self._to_source_layout(self._copy_back(torch.cat([*locals_, zeros]), token_order=False))
+        outputs = [self._check_local(y) for y in local_outputs]
+        zeros = outputs[0].new_zeros((self._copy_back_tables(token_order=False).block, *outputs[0].shape[1:]))
+        return self._to_source_layout(self._copy_back(torch.cat([*outputs, zeros]), token_order=False))
 
     def unpack_nested(self, y_local: torch.Tensor, *, gradient: GradientContract = "local") -> torch.Tensor:
         """Like ``unpack`` but always a jagged nested tensor ``[n, j, *]`` of the real tokens of each sequence."""
