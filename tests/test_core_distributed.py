@@ -114,3 +114,25 @@ def _wrong_group(rank, world_size):
 def test_mismatched_group_and_rank_is_a_clear_error():
     for message in run_gloo(_wrong_group, 2):
         assert message is not None and "cp_rank" in message
+
+
+def _gather_with_zero_rows(rank, world_size, gradient):
+    from verl_cppack.collectives.gather import all_gather_rank_major
+
+    ctx = ParallelContext(cp_size=world_size, cp_rank=rank, cp_group=dist.group.WORLD)
+    local = (torch.arange(4 * 2, dtype=torch.float64).view(4, 2) + 100 * rank).requires_grad_(True)
+    gathered = all_gather_rank_major(local, ctx, gradient, zero_rows=3)  # [2 * 4 + 3, 2]
+    weights = torch.arange(gathered.numel(), dtype=torch.float64).view(gathered.shape) + 1
+    (gathered * weights).sum().backward()
+    return gathered.detach(), local.grad, weights
+
+
+@pytest.mark.parametrize("gradient", ["local", "sum"])
+def test_the_gather_can_end_with_zero_rows_and_keeps_its_gradient_contract(gradient):
+    """The stream in rank order, then the zero rows ``unpack`` copies padding from; the backward ignores them."""
+    results = run_gloo(_gather_with_zero_rows, 2, gradient)
+    expected = torch.cat([torch.arange(8.0).view(4, 2) + 100 * rank for rank in range(2)] + [torch.zeros(3, 2)])
+    for rank, (gathered, grad, weights) in enumerate(results):
+        assert torch.equal(gathered, expected.double())
+        own = weights[4 * rank : 4 * rank + 4]
+        assert torch.equal(grad, own if gradient == "local" else 2 * own)  # "sum": both ranks' equal gradients
