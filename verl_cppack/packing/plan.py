@@ -301,16 +301,17 @@ class PackPlan:
         return values
 
     def _copy_back_tables(self, token_order: bool) -> BlockGather:
-        """How ``_copy_back`` reads the stream, built once per space: the source (token space with ``token_order``
-        or when tokens are looked up in ``token_rows``) in source order as pieces, each chunk of a sequence the
-        layout put somewhere in the rank-major stream, and the gaps around them, which have no target (blocks they
-        own read the zero block after the stream; their few other positions are zeroed)."""
+        """How ``_copy_back`` reads the stream, built once per space (token space with ``token_order`` or when the
+        tokens are looked up in ``token_rows``, else source rows)."""
         token_space = token_order or self.token_rows is not None
         if token_space not in self._copy_backs:
             self._copy_backs[token_space] = self._source_order_copy(token_space)
         return self._copy_backs[token_space]
 
     def _source_order_copy(self, token_space: bool) -> BlockGather:
+        """The rows (or tokens) in their own order as pieces: each chunk of a sequence, read from where the layout
+        put it in the rank-major stream, and the gaps around the chunks, which have no target (the blocks they own
+        read the zero block after the stream; their few other positions are zeroed)."""
         pieces = self._pieces(self._all_ranks_runs(), token_order=token_space)  # rank-major: [tokens, padding]...
         stream_start = run_starts(pieces.length)  # rank-major position of every piece
         chunks = pieces.has_target & (pieces.length > 0)
