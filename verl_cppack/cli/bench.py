@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, name) is not None:
                 settings = dataclasses.replace(settings, **{name: _int_list(name, getattr(args, name))})
         settings.check()
-    except ValueError as error:
+    except (TypeError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     rows = run_benchmark(settings)

@@ -41,35 +41,28 @@ def repeat_runs(
 
 
 def linear_runs(
-    first_values: np.ndarray,
-    lengths: np.ndarray,
-    total: int,
-    device: torch.device,
-    dtype: torch.dtype = torch.long,
-    step: int = 1,
+    first_values: np.ndarray, lengths: np.ndarray, total: int, device: torch.device, dtype: torch.dtype = torch.long
 ) -> torch.Tensor:
-    """Run ``k`` counts up by ``step`` from ``first_values[k]`` -> [total] ``dtype`` on ``device``.
+    """Run ``k`` counts up by one from ``first_values[k]`` -> [total] ``dtype`` on ``device``.
 
-    ``out[q] = first_values[k] + step * (q - start[k])`` for ``q`` in run ``k``. ``total`` must be
-    ``lengths.sum()``; zero-length runs are allowed. With ``dtype=torch.int32`` (half the memory traffic) every
-    value must fit.
+    ``out[q] = first_values[k] + (q - start[k])`` for ``q`` in run ``k``. ``total`` must be ``lengths.sum()``;
+    zero-length runs are allowed. With ``dtype=torch.int32`` (half the memory traffic) every value must fit.
 
-    The increments ``out[q] - out[q-1]`` are ``step``, plus at each run start the jump from where counting would
-    go on (the previous run's end + ``step``; 0 before the first position) to where this run begins; one
-    cumulative sum adds them up. An empty run ends where it begins, so jumps across empty runs telescope.
+    The increments ``out[q] - out[q-1]`` are 1, plus at each run start the jump from where counting would go
+    on (the previous run's end + 1; 0 before the first position) to where this run begins; one cumulative
+    sum adds them up. An empty run ends where it begins, so jumps across empty runs telescope.
     """
     jumps = np.array(first_values, dtype=np.int64)
-    jumps[1:] -= first_values[:-1] + step * lengths[:-1]
-    jumps[0] -= step
-    increments = torch.full((total + 1,), step, dtype=dtype, device=device)
-    return _sum_at_run_starts(lengths, jumps, increments, total)
+    jumps[1:] -= first_values[:-1] + lengths[:-1]
+    jumps[0] -= 1
+    return _sum_at_run_starts(lengths, jumps, torch.ones(total + 1, dtype=dtype, device=device), total)
 
 
-def linear_runs_host(first_values: np.ndarray, lengths: np.ndarray, step: int = 1) -> np.ndarray:
+def linear_runs_host(first_values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """``linear_runs`` on the host, int64 numpy, for short tables (one ``repeat``, one ``arange``)."""
     ends = lengths.cumsum()
     total = int(ends[-1]) if ends.size else 0
-    return (first_values - step * (ends - lengths)).repeat(lengths) + np.arange(0, step * total, step)
+    return (first_values - (ends - lengths)).repeat(lengths) + np.arange(total)
 
 
 def _sum_at_run_starts(lengths: np.ndarray, steps: np.ndarray, increments: torch.Tensor, total: int) -> torch.Tensor:
