@@ -69,15 +69,22 @@ def _context_from_megatron(rank, world_size):
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)  # a new state: TP=2, CP=1
     try:
         after_reinit = ParallelContext.from_megatron()
+        parallel_state.set_tensor_model_parallel_world_size(4)  # megatron's override of the TP size
+        overridden = ParallelContext.from_megatron()
+        parallel_state.set_tensor_model_parallel_world_size(None)
+        override_lifted = ParallelContext.from_megatron()
     finally:
         parallel_state.destroy_model_parallel()
-    return dataclasses.replace(ctx, cp_group=None), same_group, again == ctx, after_reinit
+    return dataclasses.replace(ctx, cp_group=None), same_group, again == ctx, (after_reinit, overridden, override_lifted)
 
 
 def test_from_megatron_reads_parallel_state():
-    """Read once per parallel state (the context is kept per group), and read afresh after re-initialisation."""
+    """Read once per parallel state (the context is kept per group), and read afresh after re-initialisation
+    or when megatron's TP-size override changes."""
     pytest.importorskip("megatron.core")
-    for rank, (ctx, same_group, same_again, after_reinit) in enumerate(run_gloo(_context_from_megatron, 2)):
+    for rank, (ctx, same_group, same_again, later) in enumerate(run_gloo(_context_from_megatron, 2)):
         assert ctx == ParallelContext(tp_size=1, cp_size=2, cp_rank=rank)
         assert same_group and same_again
-        assert after_reinit == ParallelContext(tp_size=2, cp_size=1, cp_rank=0)
+        after_reinit, overridden, override_lifted = later
+        assert after_reinit == override_lifted == ParallelContext(tp_size=2, cp_size=1, cp_rank=0)
+        assert overridden == ParallelContext(tp_size=4, cp_size=1, cp_rank=0)

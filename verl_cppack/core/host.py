@@ -8,7 +8,6 @@ offsets) is copied back, pinned and non-blocking, so the copy never waits on the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import accumulate
 
 import numpy as np
 import torch
@@ -50,9 +49,10 @@ def tables_to_device(
     arrays: Sequence[np.ndarray], device: torch.device, dtype: torch.dtype = torch.long
 ) -> tuple[torch.Tensor, ...]:
     """1-D host tables as ``dtype`` (int64 or int32) tensors on ``device``: one buffer, one copy, one view each.
-    On the CPU the views share the host buffer (no copy, no tensor op)."""
-    buffer = np.concatenate(arrays, dtype=_NUMPY_DTYPES[dtype])
-    ends = list(accumulate(array.size for array in arrays))
+    On the CPU each tensor shares its table's memory (converted only if the dtype differs; no tensor op): the
+    caller hands the tables over and must not change them afterwards."""
+    numpy_dtype = _NUMPY_DTYPES[dtype]
     if device.type == "cpu":
-        return tuple(torch.from_numpy(buffer[end - array.size : end]) for array, end in zip(arrays, ends))
+        return tuple(torch.from_numpy(np.ascontiguousarray(array, numpy_dtype)) for array in arrays)
+    buffer = np.concatenate(arrays, dtype=numpy_dtype)
     return to_device(buffer, device, dtype).split([array.size for array in arrays])

@@ -79,9 +79,9 @@ def packed_seq_params_from_plan(plan: "PackPlan", *, real_seqlens_in_attention: 
     return cls(**{name: value for name, value in values.items() if name in fields})
 
 
-# (CP group, TP size) -> context: a process group's size and this rank's place in it never change, so the
-# context is built once per group; new groups (a re-initialised parallel state) are new keys.
-_CONTEXTS: dict[tuple[Any, int], ParallelContext] = {}
+# (CP group, TP group, TP-size override) -> context: a process group's size and this rank's place in it never
+# change, so the context is built once per group; new groups (a re-initialised parallel state) are new keys.
+_CONTEXTS: dict[tuple[Any, Any, Any], ParallelContext] = {}
 
 
 def parallel_context_from_megatron() -> ParallelContext:
@@ -94,12 +94,17 @@ def parallel_context_from_megatron() -> ParallelContext:
             "megatron.core.parallel_state is not initialised; call parallel_state.initialize_model_parallel(...) "
             "first or build ParallelContext(tp_size=..., cp_size=..., cp_rank=..., cp_group=...) yourself"
         )
-    key = (mpu.get_context_parallel_group(), mpu.get_tensor_model_parallel_world_size())
+    # Group identities and megatron's TP-size override: reading them asks no process group anything.
+    key = (
+        mpu.get_context_parallel_group(),
+        mpu.get_tensor_model_parallel_group(),
+        getattr(mpu, "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", None),
+    )
     context = _CONTEXTS.get(key)
     if context is None:
         cp_size = mpu.get_context_parallel_world_size()
         context = ParallelContext(
-            tp_size=key[1],
+            tp_size=mpu.get_tensor_model_parallel_world_size(),
             cp_size=cp_size,
             cp_rank=mpu.get_context_parallel_rank(),
             cp_group=key[0] if cp_size > 1 else None,
