@@ -55,8 +55,11 @@ def test_times_of_several_runs_are_their_medians_and_counts_come_from_the_first(
         return {"batch_size": 8, "verl": dict(times), "verl_cppack": dict(times), "preprocess_copies_ms": scale,
                 "pack_over_index_select": scale}
 
-    row = _median_over_runs((run(1.0), run(5.0), run(2.0)))
+    slower_verl = run(4.0)
+    slower_verl["verl"]["preprocess_ms"] = 12.0
+    row = _median_over_runs((run(1.0), slower_verl, run(2.0)))
     assert row["runs"] == 3 and row["verl"]["preprocess_ms"] == 2.0 and row["verl_cppack"]["step_ms"] == 6.0
+    assert row["preprocess_ratio_by_run"] == [1.0, 3.0, 1.0]  # each run's own verl / verl_cppack
     assert row["preprocess_copies_ms"] == 2.0 and row["pack_over_index_select"] == 2.0
     assert row["verl"]["aten_ops"] == 51
 

@@ -44,7 +44,7 @@ class BenchSettings:
     seq_lens: tuple[int, ...] = (1024, 4096)
     cp_sizes: tuple[int, ...] = (1, 2, 4)
     repeats: int = 7
-    runs: int = 3  # fresh process groups per CP size; times are medians over runs (a run's times drift together)
+    runs: int = 5  # fresh process groups per CP size; times are medians over runs (a run's times drift together)
     warmup: int = 10  # untimed micro-batches per implementation and point before the timed ones
     threads: int = 1
     device: str = "cpu"  # "cuda": one GPU per CP rank, nccl, CUDA-synchronised timings
@@ -270,8 +270,10 @@ TIMINGS = ("preprocess_ms", "postprocess_ms", "step_ms")
 
 def _median_over_runs(point_runs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     """One point measured in several runs -> the first run's row with every time the median over the runs (the
-    times of one process drift together by up to ±20% on a shared VM; counts and sizes do not change)."""
+    times of one process drift together by up to ±20% on a shared VM; counts and sizes do not change), plus each
+    run's own preprocess ratio (``preprocess_ratio_by_run``)."""
     row = {**point_runs[0], "runs": len(point_runs)}
+    row["preprocess_ratio_by_run"] = [run["verl"]["preprocess_ms"] / run["verl_cppack"]["preprocess_ms"] for run in point_runs]
     for impl in ("verl", "verl_cppack"):
         row[impl] = {**row[impl], **{t: statistics.median(run[impl][t] for run in point_runs) for t in TIMINGS}}
     for key in ("preprocess_copies_ms", "pack_over_index_select"):
@@ -357,6 +359,14 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"- B=256: preprocess {min(pre):.1f}–{max(pre):.1f}× faster than verl (its three gathers alone, with the "
             f"index given, would be {min(copies):.1f}–{max(copies):.1f}×), postprocess ≥ {post:.1f}× (worst S/CP)."
         )
+        weakest = at_256[pre.index(min(pre))]
+        by_run = weakest.get("preprocess_ratio_by_run", [])
+        if len(by_run) > 1:
+            lines.append(
+                f"- weakest B=256 preprocess point S={weakest['seq_len']} CP={weakest['cp_size']}, single runs: "
+                + ", ".join(f"{ratio:.1f}×" for ratio in by_run)
+                + "."
+            )
     ours_syncs = max(row["verl_cppack"]["host_syncs"] for row in rows)
     lines.append(f"- host syncs per micro-batch: verl_cppack ≤ {ours_syncs}; verl {min(r['verl']['host_syncs'] for r in rows)}–{max(r['verl']['host_syncs'] for r in rows)}.")
     for seq_len in sorted({row["seq_len"] for row in rows}):

@@ -61,10 +61,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="benchmark verl's packing functions against verl_cppack's")
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke run)")
     parser.add_argument("--output", default="bench_out", help="folder for results.json, table.md, speedup.png")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
-    parser.add_argument("--repeats", type=int, default=7, help="micro-batches timed per point; medians reported")
-    parser.add_argument("--runs", type=int, default=3, help="fresh process groups per CP size; medians over runs")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed micro-batches per implementation and point first")
+    defaults = BenchSettings()
+    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads per rank (default %(default)s)")
+    parser.add_argument(
+        "--repeats", type=int, default=defaults.repeats, help="micro-batches timed per point; medians (default %(default)s)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=defaults.runs, help="fresh process groups per CP size; medians (default %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=defaults.warmup, help="untimed micro-batches per point first (default %(default)s)"
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per CP rank, nccl")
     parser.add_argument("--batch-sizes", help="comma-separated B values (default 16,64,256,1024)")
     parser.add_argument("--seq-lens", help="comma-separated S values (default 1024,4096)")
