@@ -273,7 +273,7 @@ def _median_over_runs(point_runs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     times of one process drift together by up to ±20% on a shared VM; counts and sizes do not change), plus each
     run's own preprocess ratio (``preprocess_ratio_by_run``)."""
     row = {**point_runs[0], "runs": len(point_runs)}
-    row["preprocess_ratio_by_run"] = [run["verl"]["preprocess_ms"] / run["verl_cppack"]["preprocess_ms"] for run in point_runs]
+    row["preprocess_ratio_by_run"] = [ratios(run)["preprocess"] for run in point_runs]
     for impl in ("verl", "verl_cppack"):
         row[impl] = {**row[impl], **{t: statistics.median(run[impl][t] for run in point_runs) for t in TIMINGS}}
     for key in ("preprocess_copies_ms", "pack_over_index_select"):

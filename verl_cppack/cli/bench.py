@@ -57,6 +57,10 @@ def _int_list(name: str, text: str) -> tuple[int, ...]:
         raise ValueError(f"--{name.replace('_', '-')} takes comma-separated integers like 1,2,4; got {text!r}") from None
 
 
+def _joined(values: tuple[int, ...]) -> str:
+    return ",".join(map(str, values))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="benchmark verl's packing functions against verl_cppack's")
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke run)")
@@ -73,9 +77,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--warmup", type=int, default=defaults.warmup, help="untimed micro-batches per point first (default %(default)s)"
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per CP rank, nccl")
-    parser.add_argument("--batch-sizes", help="comma-separated B values (default 16,64,256,1024)")
-    parser.add_argument("--seq-lens", help="comma-separated S values (default 1024,4096)")
-    parser.add_argument("--cp-sizes", help="comma-separated CP sizes (default 1,2,4; one GPU per rank with cuda)")
+    parser.add_argument("--batch-sizes", help=f"comma-separated B values (default {_joined(defaults.batch_sizes)})")
+    parser.add_argument("--seq-lens", help=f"comma-separated S values (default {_joined(defaults.seq_lens)})")
+    parser.add_argument(
+        "--cp-sizes", help=f"comma-separated CP sizes (default {_joined(defaults.cp_sizes)}; one GPU per rank with cuda)"
+    )
     parser.add_argument(
         "--system-malloc", action="store_true", help="CPU: leave glibc's defaults (freed buffers go back to the OS)"
     )

@@ -60,9 +60,8 @@ def linear_runs(
 
 def linear_runs_host(first_values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """``linear_runs`` on the host, int64 numpy, for short tables (one ``repeat``, one ``arange``)."""
-    ends = lengths.cumsum()
-    total = int(ends[-1]) if ends.size else 0
-    return (first_values - (ends - lengths)).repeat(lengths) + np.arange(total)
+    offsets = run_offsets(lengths)
+    return (first_values - offsets[:-1]).repeat(lengths) + np.arange(offsets[-1])
 
 
 def _sum_at_run_starts(lengths: np.ndarray, steps: np.ndarray, increments: torch.Tensor, total: int) -> torch.Tensor:
