@@ -169,6 +169,22 @@ def test_nested_pack_and_restore_round_trip(lengths, cp_size, tp_size, layout, d
         assert got.dtype == dtype and torch.equal(got, want)
 
 
+@settings(max_examples=80, deadline=None)
+@given(mask=batches(), cp_size=st.sampled_from([1, 2, 4]))
+def test_stream_source_names_each_token_row_and_distinct_sinks_at_padding(mask, cp_size):
+    """The global stream's source rows (any mask, rows with gaps too): the oracle's row and column at every
+    token; padding positions get distinct rows past the source."""
+    batch_size, seq_len = len(mask), len(mask[0])
+    plan = plan_from_mask(torch.tensor(mask, dtype=torch.bool), ParallelContext(cp_size=cp_size))
+    slot_multiple, stream_multiple = _oracle_alignment(1, cp_size, False)
+    stream = oracle.stream_of_rows(mask, oracle.padded_lengths([sum(row) for row in mask], slot_multiple, stream_multiple))
+    source = plan.stream_source.tolist()
+    assert len(source) == len(stream)
+    assert [s for s, where in zip(source, stream) if where] == [r * seq_len + c for r, c in filter(None, stream)]
+    sinks = [s for s, where in zip(source, stream) if where is None]
+    assert len(set(sinks)) == len(sinks) and all(s >= batch_size * seq_len for s in sinks)
+
+
 def test_one_plan_serves_every_tensor_of_the_micro_batch():
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0]])
     plan = plan_from_mask(mask, ParallelContext(cp_size=2, cp_rank=1))

@@ -48,9 +48,9 @@ def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype = torc
 def tables_to_device(
     arrays: Sequence[np.ndarray], device: torch.device, dtype: torch.dtype = torch.long
 ) -> tuple[torch.Tensor, ...]:
-    """1-D host tables as ``dtype`` (int64 or int32) tensors on ``device``: one buffer, one copy, one view each.
-    On the CPU each tensor shares its table's memory (converted only if the dtype differs; no tensor op): the
-    caller hands the tables over and must not change them afterwards."""
+    """1-D host tables as ``dtype`` (int64 or int32) tensors on ``device``. Off the CPU: one buffer, one copy, one
+    view each. On the CPU each tensor shares its table's memory (converted only if the dtype differs; no tensor
+    op): the caller hands the tables over and must not change them afterwards."""
     numpy_dtype = _NUMPY_DTYPES[dtype]
     if device.type == "cpu":
         return tuple(torch.from_numpy(np.ascontiguousarray(array, numpy_dtype)) for array in arrays)

@@ -86,10 +86,6 @@ class Layout(ABC):
         runs = self.runs(cu, cp_size, range(cp_size))
         return runs.stream_positions(cu, cu_seqlens_padded.device).view(cp_size, -1)
 
-    def keeps_stream_order(self, cp_size: int) -> bool:
-        """True when the ranks' local streams, concatenated, are the stream itself (no permutation)."""
-        return cp_size == 1
-
     def _check_tp(self, alignment: Alignment, ctx: ParallelContext) -> None:
         needed = ctx.cp_size * ctx.tp_size
         if alignment.stream_multiple % needed:
@@ -135,9 +131,6 @@ class ContiguousLayout(Layout):
 
     def check_alignment(self, alignment: Alignment, ctx: ParallelContext) -> None:
         self._check_tp(alignment, ctx)
-
-    def keeps_stream_order(self, cp_size: int) -> bool:
-        return True
 
     def runs(self, cu_seqlens_padded: np.ndarray, cp_size: int, ranks: Sequence[int]) -> Runs:
         # Rank r holds [r*L, (r+1)*L) of the stream (L = T / CP): every slot clipped to that window, runs [R, n].

@@ -147,24 +147,18 @@ class PackPlan:
 
     @cached_property
     def stream_source(self) -> torch.Tensor:
-        """[T] int64 source row of each stream position; ``>= source_rows`` at padding."""
-        return self._sink_index(Runs.whole_slots(self.tables.cu_seqlens_padded))
-
-    def _all_ranks_runs(self) -> Runs:
-        return self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
-
-    def _sink_index(self, runs: Runs, token_order: bool = False) -> torch.Tensor:
-        """Row of each position of ``runs`` (token index with ``token_order``), padding sent to distinct sink rows
-        past the real ones: an ``index_copy_`` target with ``T - N`` extra rows."""
-        pieces = self._pieces(runs, token_order=token_order)
-        sink = self.num_valid_tokens if token_order or self.token_rows is not None else self.source_rows
-        sink_first = sink + run_starts(np.where(pieces.has_target, 0, pieces.length))
-        values = pieces.expand(sink_first, self.device)
-        if self.token_rows is not None and not token_order:  # token index -> source row; sinks past the rows
+        """[T] int64 source row of each stream position; distinct rows ``>= source_rows`` at padding."""
+        pieces = self._pieces(Runs.whole_slots(self.tables.cu_seqlens_padded))
+        sink = self.num_valid_tokens if self.token_rows is not None else self.source_rows  # past the token space
+        values = pieces.expand(sink + run_starts(np.where(pieces.has_target, 0, pieces.length)), self.device)
+        if self.token_rows is not None:  # token index -> source row; the sinks go past the source rows
             num_sinks = self.total_length - self.num_valid_tokens
             sinks = torch.arange(self.source_rows, self.source_rows + num_sinks, device=self.device)
             values = torch.cat([self.token_rows, sinks]).index_select(0, values)
         return values
+
+    def _all_ranks_runs(self) -> Runs:
+        return self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
 
     def _local_packing(self, shift: int, wrap: bool) -> "_LocalPacking":
         """How ``pack(x, shift, wrap)`` reads this rank's positions; built once per (shift, wrap)."""
