@@ -20,6 +20,16 @@ def test_packed_seq_params_carry_global_padded_offsets():
     assert params.max_seqlen_q == params.max_seqlen_kv == 8
 
 
+def test_each_call_returns_a_new_packed_seq_params():
+    """Like verl's, every call hands out its own object: a caller editing one does not change the next."""
+    plan = plan_from_lengths([4, 3, 6], ParallelContext(cp_size=2))
+    first = plan.packed_seq_params()
+    first.max_seqlen_q = 1
+    second = plan.packed_seq_params()
+    assert second is not first and second.max_seqlen_q == 8
+    assert second.cu_seqlens_q_padded.tolist() == [0, 4, 8, 16]
+
+
 def test_real_seqlens_in_attention_uses_unpadded_offsets():
     params = plan_from_lengths([4, 3, 6], ParallelContext(cp_size=2)).packed_seq_params(real_seqlens_in_attention=True)
     assert params.cu_seqlens_q.tolist() == [0, 4, 7, 13]
@@ -75,16 +85,23 @@ def _context_from_megatron(rank, world_size):
         override_lifted = ParallelContext.from_megatron()
     finally:
         parallel_state.destroy_model_parallel()
-    return dataclasses.replace(ctx, cp_group=None), same_group, again == ctx, (after_reinit, overridden, override_lifted)
+    try:  # the contexts of both states are kept, but a torn-down state has no context
+        ParallelContext.from_megatron()
+        after_destroy = "no error"
+    except ValueError as error:
+        after_destroy = str(error)
+    later = (after_reinit, overridden, override_lifted, after_destroy)
+    return dataclasses.replace(ctx, cp_group=None), same_group, again == ctx, later
 
 
 def test_from_megatron_reads_parallel_state():
     """Read once per parallel state (the context is kept per group), and read afresh after re-initialisation
-    or when megatron's TP-size override changes."""
+    or when megatron's TP-size override changes; after ``destroy_model_parallel`` it is an error again."""
     pytest.importorskip("megatron.core")
     for rank, (ctx, same_group, same_again, later) in enumerate(run_gloo(_context_from_megatron, 2)):
         assert ctx == ParallelContext(tp_size=1, cp_size=2, cp_rank=rank)
         assert same_group and same_again
-        after_reinit, overridden, override_lifted = later
+        after_reinit, overridden, override_lifted, after_destroy = later
         assert after_reinit == override_lifted == ParallelContext(tp_size=2, cp_size=1, cp_rank=0)
         assert overridden == ParallelContext(tp_size=4, cp_size=1, cp_rank=0)
+        assert "not initialised" in after_destroy

@@ -48,8 +48,8 @@ def packed_seq_params_fields(cls: type) -> frozenset[str]:
     return frozenset(inspect.signature(cls.__init__).parameters) - {"self"}
 
 
-def packed_seq_params_from_plan(plan: "PackPlan", *, real_seqlens_in_attention: bool = False) -> Any:
-    """THD ``PackedSeqParams`` with global (not CP-divided) offsets.
+def packed_seq_params_arguments(plan: "PackPlan", *, real_seqlens_in_attention: bool = False) -> tuple[type, dict[str, Any]]:
+    """The class and keyword arguments of a THD ``PackedSeqParams`` with global (not CP-divided) offsets.
 
     By default ``cu_seqlens_q/kv`` are the padded offsets, as verl passes them (padding tokens attend
     inside their own slot and are discarded later). ``real_seqlens_in_attention=True`` passes the real
@@ -76,7 +76,7 @@ def packed_seq_params_from_plan(plan: "PackPlan", *, real_seqlens_in_attention: 
             f"the {plan.layout.name} layout needs PackedSeqParams.cp_partition_mode so attention knows the cut; "
             "this megatron-core has no such field (it assumes zigzag). Use layout='zigzag' or a newer megatron-core."
         )
-    return cls(**{name: value for name, value in values.items() if name in fields})
+    return cls, {name: value for name, value in values.items() if name in fields}
 
 
 # (CP group, TP group, TP-size override) -> context: a process group's size and this rank's place in it never
@@ -84,24 +84,32 @@ def packed_seq_params_from_plan(plan: "PackPlan", *, real_seqlens_in_attention: 
 _CONTEXTS: dict[tuple[Any, Any, Any], ParallelContext] = {}
 
 
-def parallel_context_from_megatron() -> ParallelContext:
+@functools.lru_cache(maxsize=1)
+def _parallel_state() -> Any:
     try:
-        from megatron.core import parallel_state as mpu
+        from megatron.core import parallel_state
     except ImportError as error:
         raise ImportError("ParallelContext.from_megatron() needs megatron-core (pip install megatron-core)") from error
-    if not mpu.model_parallel_is_initialized():
-        raise ValueError(
-            "megatron.core.parallel_state is not initialised; call parallel_state.initialize_model_parallel(...) "
-            "first or build ParallelContext(tp_size=..., cp_size=..., cp_rank=..., cp_group=...) yourself"
-        )
+    return parallel_state
+
+
+def parallel_context_from_megatron() -> ParallelContext:
+    """The context of ``megatron.core.parallel_state``; called by every drop-in, so the common case (groups
+    seen before) reads three module values and one dict."""
+    mpu = _parallel_state()
     # Group identities and megatron's TP-size override: reading them asks no process group anything.
     key = (
-        mpu.get_context_parallel_group(),
-        mpu.get_tensor_model_parallel_group(),
+        mpu.get_context_parallel_group(check_initialized=False),
+        mpu.get_tensor_model_parallel_group(check_initialized=False),
         getattr(mpu, "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", None),
     )
     context = _CONTEXTS.get(key)
     if context is None:
+        if not mpu.model_parallel_is_initialized() or key[0] is None:
+            raise ValueError(
+                "megatron.core.parallel_state is not initialised; call parallel_state.initialize_model_parallel(...) "
+                "first or build ParallelContext(tp_size=..., cp_size=..., cp_rank=..., cp_group=...) yourself"
+            )
         cp_size = mpu.get_context_parallel_world_size()
         context = ParallelContext(
             tp_size=mpu.get_tensor_model_parallel_world_size(),

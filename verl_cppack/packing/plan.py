@@ -95,6 +95,7 @@ class PackPlan:
     token_rows: torch.Tensor | None  # [N] int64 source row of each token in stream order; None: token space = source
     _local_packings: dict = field(default_factory=dict, init=False, repr=False)  # (shift, wrap) -> _LocalPacking
     _copy_backs: dict = field(default_factory=dict, init=False, repr=False)  # token space? -> BlockGather
+    _packed_seq_params_arguments: dict = field(default_factory=dict, init=False, repr=False)  # real seqlens? -> (cls, kwargs)
 
     @property
     def source_rows(self) -> int:
@@ -329,10 +330,15 @@ class PackPlan:
 
     # -------------------------------------------------------------- megatron
     def packed_seq_params(self, *, real_seqlens_in_attention: bool = False) -> Any:
-        """Megatron ``PackedSeqParams`` (THD) for this plan; see ``integrations.megatron``."""
-        from verl_cppack.integrations.megatron import packed_seq_params_from_plan
+        """A new Megatron ``PackedSeqParams`` (THD) for this plan per call; see ``integrations.megatron``."""
+        arguments = self._packed_seq_params_arguments.get(real_seqlens_in_attention)
+        if arguments is None:
+            from verl_cppack.integrations.megatron import packed_seq_params_arguments
 
-        return packed_seq_params_from_plan(self, real_seqlens_in_attention=real_seqlens_in_attention)
+            arguments = packed_seq_params_arguments(self, real_seqlens_in_attention=real_seqlens_in_attention)
+            self._packed_seq_params_arguments[real_seqlens_in_attention] = arguments
+        cls, kwargs = arguments
+        return cls(**kwargs)
 
 
 @dataclass(frozen=True)

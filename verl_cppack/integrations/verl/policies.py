@@ -22,6 +22,7 @@ import math
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import FP8_SLOT_MULTIPLE, FP8_STREAM_FACTOR, Alignment
 from verl_cppack.core.checks import require_int
+from verl_cppack.integrations.megatron import parallel_context_from_megatron
 
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -32,7 +33,7 @@ def megatron_context(local_cp_size: int | None = None) -> ParallelContext:
     ``local_cp_size`` selects verl's dynamic-CP group (``get_dynamic_data_context_parallel_groups``).
     """
     if local_cp_size is None:
-        return ParallelContext.from_megatron()
+        return parallel_context_from_megatron()
     require_int("local_cp_size", local_cp_size, minimum=1)
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
