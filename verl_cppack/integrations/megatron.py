@@ -48,7 +48,9 @@ def packed_seq_params_fields(cls: type) -> frozenset[str]:
     return frozenset(inspect.signature(cls.__init__).parameters) - {"self"}
 
 
-def packed_seq_params_arguments(plan: "PackPlan", *, real_seqlens_in_attention: bool = False) -> tuple[type, dict[str, Any]]:
+def packed_seq_params_arguments(
+    plan: "PackPlan", *, real_seqlens_in_attention: bool = False
+) -> tuple[type, dict[str, Any]]:
     """The class and keyword arguments of a THD ``PackedSeqParams`` with global (not CP-divided) offsets.
 
     By default ``cu_seqlens_q/kv`` are the padded offsets, as verl passes them (padding tokens attend

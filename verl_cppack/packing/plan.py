@@ -95,7 +95,7 @@ class PackPlan:
     token_rows: torch.Tensor | None  # [N] int64 source row of each token in stream order; None: token space = source
     _local_packings: dict = field(default_factory=dict, init=False, repr=False)  # (shift, wrap) -> _LocalPacking
     _copy_backs: dict = field(default_factory=dict, init=False, repr=False)  # token space? -> BlockGather
-    _packed_seq_params_arguments: dict = field(default_factory=dict, init=False, repr=False)  # real seqlens? -> (cls, kwargs)
+    _packed_seq_params_arguments: dict = field(default_factory=dict, init=False, repr=False)  # real? -> (cls, kwargs)
 
     @property
     def source_rows(self) -> int:
