@@ -257,10 +257,7 @@ class PackPlan:
         zero, the dtype is kept. The all-gather runs over ``ctx.cp_group``; with ``gradient="local"``
         (verl's contract) only this rank's chunk receives gradient, see ``all_gather_rank_major``.
         """
-        local = self._check_local(y_local)
-        copy = self._copy_back_tables(token_order=False)
-        stream = all_gather_rank_major(local, self.ctx, gradient, zero_rows=copy.block)  # [T + block, *]
-        return self._to_source_layout(self._copy_back(stream, token_order=False))
+        return self._to_source_layout(self._gather_back(self._check_local(y_local), gradient, token_order=False))
 
     def restore(self, local_outputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """Pure, no process group: every rank's ``[1, T_local, *]`` output (rank order) -> what ``unpack`` returns."""
@@ -272,9 +269,7 @@ class PackPlan:
 
     def unpack_nested(self, y_local: torch.Tensor, *, gradient: GradientContract = "local") -> torch.Tensor:
         """Like ``unpack`` but always a jagged nested tensor ``[n, j, *]`` of the real tokens of each sequence."""
-        copy = self._copy_back_tables(token_order=True)
-        stream = all_gather_rank_major(self._check_local(y_local), self.ctx, gradient, zero_rows=copy.block)
-        values = self._copy_back(stream, token_order=True)  # [N, *]
+        values = self._gather_back(self._check_local(y_local), gradient, token_order=True)  # [N, *]
         return torch.nested.nested_tensor_from_jagged(values, offsets=self.cu_seqlens.long())
 
     def _check_local(self, y_local: torch.Tensor) -> torch.Tensor:
@@ -285,6 +280,13 @@ class PackPlan:
                 f"(this plan's local length), got {tuple(y_local.shape)}"
             )
         return y_local[0]
+
+    def _gather_back(self, local: torch.Tensor, gradient: GradientContract, token_order: bool) -> torch.Tensor:
+        """This rank's ``[T_local, *]`` -> what ``_copy_back`` returns, all ranks' rows gathered straight into the
+        stream and zero block it reads."""
+        block = self._copy_back_tables(token_order).block
+        stream = all_gather_rank_major(local, self.ctx, gradient, zero_rows=block)  # [T + block, *]
+        return self._copy_back(stream, token_order)
 
     def _copy_back(self, stream: torch.Tensor, token_order: bool) -> torch.Tensor:
         """Rank-major ``[T, *]`` followed by a zero block (``_copy_back_tables``) -> source rows ``[source_rows, *]``
