@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -49,8 +50,8 @@ logger = logging.getLogger(__name__)
 ROLLOUT_NAME = "hf"
 """The value of ``actor_rollout_ref.rollout.name`` that selects this backend."""
 
-SUPPORTED_VERL_VERSIONS = SpecifierSet(">=0.9,<0.10")
-"""The verl releases whose rollout protocol this module implements (written against 0.9.1)."""
+SUPPORTED_VERL_VERSIONS = ">=0.9,<0.10"
+"""PEP 440 range of the verl releases whose rollout protocol this module implements (written against 0.9.1)."""
 
 SERVER_NAME_PREFIX = f"{ROLLOUT_NAME}_server_"
 """Ray actor name of a replica's server: prefix + replica rank (+ the replica's name suffix)."""
@@ -221,7 +222,8 @@ class HFTokenSampler:
         """
         raw = logits
         if seen is not None and settings.repetition_penalty != 1.0:
-            penalised = torch.where(logits > 0, logits / settings.repetition_penalty, logits * settings.repetition_penalty)
+            penalty = settings.repetition_penalty
+            penalised = torch.where(logits > 0, logits / penalty, logits * penalty)  # [vocab]
             logits = torch.where(seen, penalised, logits)  # [vocab]
         if settings.greedy:
             processed = logits  # [vocab]
@@ -371,7 +373,9 @@ class HFRolloutServer:
 
     # -- generation ------------------------------------------------------------------------------------------
 
-    def sampling_settings(self, prompt_length: int, sampling_params: Mapping[str, Any]) -> tuple[SamplingSettings, bool]:
+    def sampling_settings(
+        self, prompt_length: int, sampling_params: Mapping[str, Any]
+    ) -> tuple[SamplingSettings, bool]:
         """Resolve verl's ``sampling_params`` against the rollout config, as ``vLLMHttpServer.generate`` does.
 
         The agent loop passes temperature, top_p, top_k, repetition_penalty and logprobs (bool: return
@@ -456,7 +460,9 @@ class HFRolloutServer:
         )
 
     def _aborted_output(self) -> TokenOutput:
-        return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted", extra_fields={"global_steps": self.global_steps})
+        return TokenOutput(
+            token_ids=[], log_probs=None, stop_reason="aborted", extra_fields={"global_steps": self.global_steps}
+        )
 
     # -- weights ----------------------------------------------------------------------------------------------
 
@@ -594,7 +600,7 @@ class HFServerAdapter(BaseRollout):
         peft_config: Any = None,
         **kwargs: Any,
     ) -> None:
-        """Load the actor's full weights (``(name, tensor)`` pairs in Hugging Face naming) into this replica's server."""
+        """Load the actor's full weights (``(name, tensor)`` pairs, Hugging Face naming) into the replica's server."""
         if wire_format != "named_tensors":
             raise ValueError(f"HF rollout takes wire_format='named_tensors' (full tensors), got {wire_format!r}")
         if peft_config is not None:
@@ -661,7 +667,9 @@ class HFReplica(RolloutReplica):
                 "colocated and standalone servers would need a checkpoint engine to receive weights"
             )
         if len(self.workers) != self.world_size:
-            raise RuntimeError(f"replica {self.replica_rank} has {len(self.workers)} workers, expected {self.world_size}")
+            raise RuntimeError(
+                f"replica {self.replica_rank} has {len(self.workers)} workers, expected {self.world_size}"
+            )
         node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
         name = server_actor_name(self.replica_rank, self.name_suffix)
         server = self.server_class.options(
@@ -669,7 +677,7 @@ class HFReplica(RolloutReplica):
             num_cpus=0,
             num_gpus=0,
             max_concurrency=self.max_concurrency,
-            scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote(
             config=self.config,
             model_config=self.model_config,
@@ -711,7 +719,7 @@ def register_hf_rollout() -> None:
             f"HF rollout was written for verl {SUPPORTED_VERL_VERSIONS} ({module}), found verl {found}: {what}"
         )
 
-    if Version(found) not in SUPPORTED_VERL_VERSIONS:
+    if Version(found) not in SpecifierSet(SUPPORTED_VERL_VERSIONS):
         raise refuse("verl.workers.rollout.base, verl.workers.rollout.replica", "unsupported version")
     base = importlib.import_module("verl.workers.rollout.base")
     registry = getattr(base, "_ROLLOUT_REGISTRY", None)
