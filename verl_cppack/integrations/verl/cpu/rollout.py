@@ -433,7 +433,8 @@ class HFRolloutServer:
         key = _prompt_key(prompt)
         occurrence = self._occurrences.get(key, 0)
         self._occurrences[key] = occurrence + 1
-        base_seed = int(sampling_params.get("seed", self.config.seed))
+        request_given_seed = sampling_params.get("seed")
+        base_seed = int(self.config.seed if request_given_seed is None else request_given_seed)
         generator = torch.Generator(device="cpu")
         generator.manual_seed(request_seed(base_seed, self.replica_rank, prompt, occurrence))
 
