@@ -18,7 +18,7 @@ pytest.importorskip("verl")
 
 from verl.workers.config import HFModelConfig, RolloutConfig  # noqa: E402
 
-from verl_cppack.integrations.verl.cpu import rollout as rollout_module  # noqa: E402
+from verl_cppack.integrations.verl.cpu import FixTargetChanged, fixes  # noqa: E402
 from verl_cppack.integrations.verl.cpu.rollout import (  # noqa: E402
     HFReplica,
     HFRolloutServer,
@@ -26,7 +26,6 @@ from verl_cppack.integrations.verl.cpu.rollout import (  # noqa: E402
     HFTokenSampler,
     SamplingSettings,
     eos_token_ids_of,
-    register_hf_rollout,
 )
 
 AGENT_LOOP_PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
@@ -222,34 +221,28 @@ def clean_registries(monkeypatch):
     return base, RolloutReplicaRegistry
 
 
-def test_register_makes_verl_resolve_the_hf_rollout(clean_registries):
+def test_the_rollout_fixes_make_verl_resolve_the_hf_rollout(clean_registries):
+    """The two CPU fixes register rollout.name=hf in verl's own registries; applying them twice is harmless."""
+    from verl.workers.rollout import replica
+
     base, replica_registry = clean_registries
-    register_hf_rollout()
-    register_hf_rollout()  # idempotent
+    for _ in range(2):
+        fixes.hf_rollout_adapter(base)
+        fixes.hf_rollout_replica(replica)
     assert base.get_rollout_class("hf", "async") is HFServerAdapter
     assert replica_registry.get("hf") is HFReplica
     assert ("vllm", "async") in base._ROLLOUT_REGISTRY and "vllm" in replica_registry._registry  # built-ins stay
 
 
-def test_register_refuses_another_verl_version(clean_registries, monkeypatch):
-    base, replica_registry = clean_registries
-    real_version = importlib.metadata.version
-    monkeypatch.setattr(
-        importlib.metadata, "version", lambda name: "0.10.0" if name == "verl" else real_version(name)
-    )
-    with pytest.raises(RuntimeError, match=r"verl >=0\.9,<0\.10 \(verl\.workers\.rollout\.base.*found verl 0\.10\.0"):
-        register_hf_rollout()
-    assert ("hf", "async") not in base._ROLLOUT_REGISTRY and "hf" not in replica_registry._registry
-
-
-def test_register_refuses_a_changed_registry(clean_registries, monkeypatch):
+def test_the_rollout_fixes_refuse_a_changed_registry(clean_registries, monkeypatch):
+    """A registry of another shape, or 'hf' taken by someone else, stops the fix with FixTargetChanged."""
     base, _ = clean_registries
     monkeypatch.setattr(base, "_ROLLOUT_REGISTRY", [("vllm", "async")])
-    with pytest.raises(RuntimeError, match=r"verl\.workers\.rollout\.base.*found verl 0\.9.*_ROLLOUT_REGISTRY"):
-        register_hf_rollout()
+    with pytest.raises(FixTargetChanged, match="_ROLLOUT_REGISTRY"):
+        fixes.hf_rollout_adapter(base)
     monkeypatch.setattr(base, "_ROLLOUT_REGISTRY", {("hf", "async"): "somebody.else.Adapter"})
-    with pytest.raises(RuntimeError, match="already registered to somebody.else.Adapter"):
-        register_hf_rollout()
+    with pytest.raises(FixTargetChanged, match="already registered to somebody.else.Adapter"):
+        fixes.hf_rollout_adapter(base)
 
 
 # -- on Ray ---------------------------------------------------------------------------------------------------
@@ -296,6 +289,5 @@ def test_replica_server_actor_generates_and_the_adapter_pushes_weights(model_pat
         ray.shutdown()
 
 
-def test_rollout_module_names_its_verl_targets():
-    assert rollout_module.ADAPTER_QUALIFIED_NAME == "verl_cppack.integrations.verl.cpu.rollout.HFServerAdapter"
-    assert rollout_module.SUPPORTED_VERL_VERSIONS == ">=0.9,<0.10"
+def test_the_registered_adapter_name_is_the_adapter_class():
+    assert fixes.HF_ROLLOUT_ADAPTER == f"{HFServerAdapter.__module__}.{HFServerAdapter.__qualname__}"

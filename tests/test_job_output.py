@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from verl_cppack.rl.output import MetricsWriter, fifth_means, fresh_output_dir, read_metrics
+from verl_cppack.jobs.output import MetricsWriter, fifth_means, fresh_output_dir, read_metrics
 
 
 def test_missing_or_empty_directory_is_used_as_is(tmp_path):

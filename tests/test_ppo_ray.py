@@ -13,7 +13,7 @@ pytest.importorskip("megatron.core")
 pytest.importorskip("verl")
 
 from verl_cppack.rl.cluster import WorkerGroup  # noqa: E402
-from verl_cppack.rl.output import read_metrics  # noqa: E402
+from verl_cppack.jobs.output import read_metrics  # noqa: E402
 from verl_cppack.rl.ppo_worker import PPOWorker, PPOWorkerSettings  # noqa: E402
 
 REQUIRED_METRICS = {

@@ -22,7 +22,7 @@ pytest.importorskip("megatron.core")
 
 from verl_cppack.rl.cluster import WorkerError, WorkerGroup  # noqa: E402
 from verl_cppack.rl.grpo import GRPOConfig, make_grpo_step, run_training  # noqa: E402
-from verl_cppack.rl.output import read_metrics  # noqa: E402
+from verl_cppack.jobs.output import read_metrics  # noqa: E402
 from verl_cppack.rl.ref_logprobs import RefLogprobsConfig, compute_reference_log_probs, synthetic_pairs  # noqa: E402
 from verl_cppack.rl.task import CountingTask  # noqa: E402
 from verl_cppack.rl.worker import WorkerSettings  # noqa: E402

@@ -6,11 +6,15 @@ Use it as verl's external library, so every worker imports it::
     VERL_USE_EXTERNAL_MODULES=verl_cppack.verl_plugin                 # or through the environment
 
 It imports nothing of verl or megatron (the environment variable runs it while ``verl/__init__`` is still
-importing); verl's util module is patched when it loads. ``VERL_CPPACK_DISABLE=1`` leaves verl untouched.
+importing); verl's util module is patched when it loads. ``VERL_CPPACK_DISABLE=1`` leaves verl's util
+functions untouched. With ``VERL_PLATFORM=cpu`` it also arms the CPU support for verl's trainer
+(``verl_cppack.integrations.verl.cpu``), which is never armed otherwise.
 """
 
+from verl_cppack.integrations.verl import cpu
 from verl_cppack.integrations.verl.patching import install, status, uninstall
 
 INSTALLED = install()
+CPU_SUPPORT = cpu.activate_if_requested()
 
-__all__ = ["INSTALLED", "install", "status", "uninstall"]
+__all__ = ["CPU_SUPPORT", "INSTALLED", "install", "status", "uninstall"]

@@ -19,7 +19,7 @@ import torch
 
 from verl_cppack.rl.advantages import group_normalized_advantages
 from verl_cppack.rl.cluster import WorkerError, WorkerGroup, ray_session
-from verl_cppack.rl.output import MetricsWriter, fifth_means, fresh_output_dir, plot_reward_curve
+from verl_cppack.jobs.output import MetricsWriter, fifth_means, fresh_output_dir, plot_reward_curve
 from verl_cppack.rl.task import CountingTask
 from verl_cppack.rl.worker import CPWorker, WorkerSettings
 

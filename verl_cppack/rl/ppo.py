@@ -26,7 +26,7 @@ from verl_cppack.rl.cluster import WorkerGroup
 from verl_cppack.rl.critic import explained_variance
 from verl_cppack.rl.gae import gae_advantages, whiten
 from verl_cppack.rl.grpo import GRPOConfig, RunResult, StepFunction, rollout_batch, run_training
-from verl_cppack.rl.output import Panel, plot_panels
+from verl_cppack.jobs.output import Panel, plot_panels
 from verl_cppack.rl.ppo_worker import PPOWorker, PPOWorkerSettings
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from verl_cppack.rl.cluster import WorkerGroup, ray_session
-from verl_cppack.rl.output import fresh_output_dir
+from verl_cppack.jobs.output import fresh_output_dir
 from verl_cppack.rl.task import CountingTask
 from verl_cppack.rl.worker import WorkerSettings
 

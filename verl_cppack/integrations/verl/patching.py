@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from verl_cppack.integrations.verl import dropins
+from verl_cppack.integrations.verl.call_counts import counted
 
 UTIL_MODULE = "verl.models.mcore.util"
 DISABLE_ENV = "VERL_CPPACK_DISABLE"
@@ -85,7 +86,7 @@ def _replacements_for(util: ModuleType, generation: str) -> dict[str, Callable[.
     chosen = {name: dropin for name, dropin in DROPINS.items() if callable(names.get(name))}
     if generation == "no_padding_pair":
         chosen["preprocess_thd_no_padding"] = dropins.preprocess_thd_no_padding_pair
-    return chosen
+    return {name: counted(name, dropin) for name, dropin in chosen.items()}  # counted only when asked
 
 
 # =================================================================== patching

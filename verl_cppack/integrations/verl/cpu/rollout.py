@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
-import importlib.metadata
-import inspect
 import logging
 import math
 import operator
@@ -37,21 +34,18 @@ from typing import Any, Optional
 import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 
 from verl.utils.config import omega_conf_to_dataclass
+
+from verl_cppack.integrations.verl.cpu.fixes import HF_ROLLOUT_NAME
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_NAME = "hf"
-"""The value of ``actor_rollout_ref.rollout.name`` that selects this backend."""
-
-SUPPORTED_VERL_VERSIONS = ">=0.9,<0.10"
-"""PEP 440 range of the verl releases whose rollout protocol this module implements (written against 0.9.1)."""
+ROLLOUT_NAME = HF_ROLLOUT_NAME
+"""The value of ``actor_rollout_ref.rollout.name`` that selects this backend (registered by ``fixes.py``)."""
 
 SERVER_NAME_PREFIX = f"{ROLLOUT_NAME}_server_"
 """Ray actor name of a replica's server: prefix + replica rank (+ the replica's name suffix)."""
@@ -691,69 +685,16 @@ class HFReplica(RolloutReplica):
         self._server_address = server_address(self.replica_rank, self.name_suffix)
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Registration
-# --------------------------------------------------------------------------------------------------------------
-
-ADAPTER_QUALIFIED_NAME = f"{HFServerAdapter.__module__}.{HFServerAdapter.__qualname__}"
-
-
-def _load_hf_replica() -> type[RolloutReplica]:
-    return HFReplica
-
-
-def register_hf_rollout() -> None:
-    """Register ``rollout.name=hf``: ('hf', 'async') -> ``HFServerAdapter`` in verl's ``_ROLLOUT_REGISTRY`` and
-    'hf' -> ``HFReplica`` in ``RolloutReplicaRegistry``. Idempotent.
-
-    Checks first that verl is a version this module was written for (``SUPPORTED_VERL_VERSIONS``) and that both
-    registries have the shape it expects; otherwise raises RuntimeError naming the module, the expected and the
-    found version. Called by the CPU support only, never on its own in a GPU run.
-    """
-    try:
-        found = importlib.metadata.version("verl")
-    except importlib.metadata.PackageNotFoundError as error:
-        raise RuntimeError(f"HF rollout: verl {SUPPORTED_VERL_VERSIONS} is required, none is installed") from error
-
-    def refuse(module: str, what: str) -> RuntimeError:
-        return RuntimeError(
-            f"HF rollout was written for verl {SUPPORTED_VERL_VERSIONS} ({module}), found verl {found}: {what}"
-        )
-
-    if Version(found) not in SpecifierSet(SUPPORTED_VERL_VERSIONS):
-        raise refuse("verl.workers.rollout.base, verl.workers.rollout.replica", "unsupported version")
-    base = importlib.import_module("verl.workers.rollout.base")
-    registry = getattr(base, "_ROLLOUT_REGISTRY", None)
-    if not isinstance(registry, dict) or not all(isinstance(key, tuple) and len(key) == 2 for key in registry):
-        raise refuse(base.__name__, "_ROLLOUT_REGISTRY is not a dict keyed by (name, mode)")
-    replica_module = importlib.import_module("verl.workers.rollout.replica")
-    replica_registry = getattr(replica_module, "RolloutReplicaRegistry", None)
-    register = getattr(replica_registry, "register", None)
-    if register is None or list(inspect.signature(register).parameters) != ["name", "loader"]:
-        raise refuse(replica_module.__name__, "RolloutReplicaRegistry.register(name, loader) not found")
-    current = registry.get((ROLLOUT_NAME, "async"))
-    if current not in (None, ADAPTER_QUALIFIED_NAME):
-        raise RuntimeError(f"rollout ('{ROLLOUT_NAME}', 'async') is already registered to {current}")
-    current_loader = getattr(replica_registry, "_registry", {}).get(ROLLOUT_NAME)
-    if current_loader not in (None, _load_hf_replica):
-        raise RuntimeError(f"rollout replica '{ROLLOUT_NAME}' is already registered to {current_loader}")
-    registry[(ROLLOUT_NAME, "async")] = ADAPTER_QUALIFIED_NAME
-    register(ROLLOUT_NAME, _load_hf_replica)
-
-
 __all__ = [
-    "ADAPTER_QUALIFIED_NAME",
     "HFReplica",
     "HFRolloutServer",
     "HFServerAdapter",
     "HFTokenSampler",
     "ROLLOUT_NAME",
-    "SUPPORTED_VERL_VERSIONS",
     "SampledResponse",
     "SamplingSettings",
     "eos_token_ids_of",
     "load_causal_lm",
-    "register_hf_rollout",
     "request_seed",
     "server_actor_name",
 ]

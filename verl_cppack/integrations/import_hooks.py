@@ -1,0 +1,80 @@
+"""Run a callback on a module the moment it has finished executing, whether it is imported now or later.
+
+``after_import("verl.workers.engine_workers", fix)`` calls ``fix(module)`` at once if the module is loaded
+(and done initialising), otherwise right after its body runs, before the importer gets it back. Nothing is
+imported to find out: a ``sys.meta_path`` finder wraps the module's loader when it is first found. An
+exception raised by a callback propagates through the import, so a fix that refuses stops the import loudly.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+Callback = Callable[[ModuleType], None]
+
+_LOCK = threading.RLock()
+_PENDING: dict[str, list[Callback]] = {}
+
+
+def after_import(module_name: str, callback: Callback) -> None:
+    """Call ``callback(module)`` once ``module_name`` has executed: now if it has, else when it does."""
+    with _LOCK:
+        module = sys.modules.get(module_name)
+        if module is not None and not _initialising(module):
+            callback(module)
+            return
+        _PENDING.setdefault(module_name, []).append(callback)
+        if _FINDER not in sys.meta_path:
+            sys.meta_path.insert(0, _FINDER)
+
+
+def _initialising(module: ModuleType) -> bool:
+    spec = getattr(module, "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def _run_pending(module: ModuleType) -> None:
+    with _LOCK:
+        callbacks = _PENDING.pop(module.__name__, [])
+    for callback in callbacks:
+        callback(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _PENDING:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is None:
+                continue
+            if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _CallbackLoader(spec.loader)
+            return spec
+        return None
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        _run_pending(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for tools that ask
+        return getattr(self._loader, name)
+
+
+_FINDER = _Finder()

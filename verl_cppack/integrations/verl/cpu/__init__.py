@@ -1,0 +1,48 @@
+"""verl's own trainer on the host: a 'cpu' platform, a Hugging Face rollout and named fixes to verl, Megatron-core
+and mbridge internals (``fixes.FIXES``), each version-checked.
+
+Switched on only when asked: ``VERL_PLATFORM=cpu`` in a process that imports ``verl_cppack.verl_plugin``
+(``VERL_USE_EXTERNAL_MODULES`` or ``external_lib``), as ``verl-cppack grpo`` sets up. ``activate()`` arms every
+fix: each is applied the moment its module finishes loading (now, if it is loaded already) and refuses with
+``FixTargetChanged`` when its target is not what it was written for. ``report()`` says, per fix, whether it
+was applied in this process.
+"""
+
+from __future__ import annotations
+
+import os
+
+from verl_cppack.integrations.verl.cpu.fix import Fix, FixSet, FixStatus, FixTargetChanged
+
+PLATFORM_ENV = "VERL_PLATFORM"
+_FIX_SET = FixSet()
+
+
+def cpu_requested() -> bool:
+    """``VERL_PLATFORM=cpu``: the user asked verl to run on the host."""
+    return os.environ.get(PLATFORM_ENV, "").strip().lower() == "cpu"
+
+
+def activate() -> list[FixStatus]:
+    """Arm every CPU fix in this process (idempotent); returns their statuses."""
+    from verl_cppack.integrations.verl.cpu.fixes import FIXES
+
+    for fix in FIXES:
+        _FIX_SET.arm(fix)
+    return report()
+
+
+def activate_if_requested() -> bool:
+    """``activate()`` when ``VERL_PLATFORM=cpu``; never in a GPU run. Returns whether it activated."""
+    if not cpu_requested():
+        return False
+    activate()
+    return True
+
+
+def report() -> list[FixStatus]:
+    """One status per armed fix: 'waiting' (its module is not loaded here), 'applied' or 'refused'."""
+    return list(_FIX_SET.statuses.values())
+
+
+__all__ = ["Fix", "FixStatus", "FixTargetChanged", "activate", "activate_if_requested", "cpu_requested", "report"]

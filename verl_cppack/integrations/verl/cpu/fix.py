@@ -1,0 +1,116 @@
+"""A named, version-checked fix to a verl / Megatron-core / mbridge internal, applied when its module loads.
+
+Every fix says what it fixes, which module it touches and for which versions of which distribution it was
+written. Before changing anything it checks the installed version against that range and the target against
+what it expects (the function's parameters, a line of its source); if either differs it raises
+``FixTargetChanged`` naming the module, the expected and the installed versions — it never patches blindly.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from verl_cppack.integrations.import_hooks import after_import
+
+
+class FixTargetChanged(RuntimeError):
+    """What a fix replaces is not what it was written for (another version, another signature or source)."""
+
+
+@dataclass(frozen=True)
+class Fix:
+    name: str  # short, stable: what `verl-cppack doctor` lists
+    fixes: str  # one line: the CUDA assumption it removes
+    distribution: str  # "verl", "megatron-core" or "mbridge"
+    versions: str  # PEP 440 specifier the fix was written and tested for
+    module: str  # the module it changes, patched when that module finishes loading
+    apply: Callable[[ModuleType], None]  # checks the target (raises FixTargetChanged), then changes it
+
+
+@dataclass
+class FixStatus:
+    fix: Fix
+    state: str = "waiting"  # waiting (module not loaded in this process) | applied | refused
+    detail: str = ""
+
+
+@dataclass
+class FixSet:
+    statuses: dict[str, FixStatus] = field(default_factory=dict)
+
+    def arm(self, fix: Fix) -> None:
+        """Apply ``fix`` now if its module is loaded, else when it loads. Idempotent per fix name."""
+        if fix.name in self.statuses:
+            return
+        status = self.statuses[fix.name] = FixStatus(fix)
+        after_import(fix.module, functools.partial(_apply, status))
+
+
+def _apply(status: FixStatus, module: ModuleType) -> None:
+    fix = status.fix
+    try:
+        require_version(fix.distribution, fix.versions, fix.name)
+        fix.apply(module)
+    except FixTargetChanged as error:
+        status.state, status.detail = "refused", str(error)
+        raise
+    status.state = "applied"
+
+
+def installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def require_version(distribution: str, versions: str, fix_name: str) -> None:
+    installed = installed_version(distribution)
+    if installed is None or Version(installed) not in SpecifierSet(versions):
+        raise FixTargetChanged(
+            f"verl_cppack CPU fix {fix_name!r} was written for {distribution} {versions}, but {installed or 'none'} "
+            f"is installed; install {distribution} {versions} or update the fix (verl_cppack/integrations/verl/cpu/)"
+        )
+
+
+def expect_attribute(owner: Any, name: str, fix_name: str) -> Any:
+    """``owner.name``, or ``FixTargetChanged`` if it is missing."""
+    value = getattr(owner, name, None)
+    if value is None:
+        raise FixTargetChanged(f"CPU fix {fix_name!r}: {_label(owner)} has no {name!r} any more; the fix needs updating")
+    return value
+
+
+def expect_parameters(function: Callable[..., Any], parameters: tuple[str, ...], fix_name: str) -> None:
+    """The function's parameter names are exactly ``parameters`` (``self`` included for methods)."""
+    found = tuple(inspect.signature(function).parameters)
+    if found != parameters:
+        raise FixTargetChanged(
+            f"CPU fix {fix_name!r}: {_label(function)} takes {found}, the fix was written for {parameters}"
+        )
+
+
+def expect_source(function: Callable[..., Any], snippet: str, fix_name: str) -> None:
+    """The function's source still contains ``snippet`` (the line the fix works around)."""
+    try:
+        source = inspect.getsource(inspect.unwrap(function))
+    except (OSError, TypeError) as error:
+        raise FixTargetChanged(f"CPU fix {fix_name!r}: cannot read the source of {_label(function)}: {error}") from error
+    if snippet not in source:
+        raise FixTargetChanged(
+            f"CPU fix {fix_name!r}: {_label(function)} no longer contains {snippet!r}; the fix needs updating"
+        )
+
+
+def _label(value: Any) -> str:
+    module = getattr(value, "__module__", None) or getattr(value, "__name__", "?")
+    return f"{module}.{getattr(value, '__qualname__', '')}".rstrip(".")

@@ -1,0 +1,282 @@
+"""The fixes that let verl's own trainer (Megatron engine, Ray workers) run on the host, one named function each.
+
+Each is written for the versions in ``VERSIONS`` and checks its target before it changes it (see ``fix.py``).
+The table in ``shared/VERL_ON_CPU.md`` lists where verl 0.9.1 / Megatron-core 0.16.1 / mbridge 0.15.1 assume
+CUDA; the row each fix answers is in its docstring.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from verl_cppack.integrations.verl.cpu.fix import (
+    Fix,
+    FixTargetChanged,
+    expect_attribute,
+    expect_parameters,
+    expect_source,
+)
+from verl_cppack.integrations.verl.cpu.host_device import in_host_device_scope
+
+VERL = ("verl", ">=0.9.1,<0.10")
+MEGATRON = ("megatron-core", ">=0.16.1,<0.17")
+MBRIDGE = ("mbridge", ">=0.15.1,<0.16")
+
+
+def _marked(function: Any) -> bool:
+    return getattr(function, "__verl_cppack_fix__", False)
+
+
+def _mark(function: Any) -> Any:
+    function.__verl_cppack_fix__ = True
+    return function
+
+
+# ------------------------------------------------------------------------------------------------ verl
+def register_cpu_platform(module: ModuleType) -> None:
+    """Row 1: verl ships no 'cpu' platform; register ours so that ``VERL_PLATFORM=cpu`` resolves to the host."""
+    from verl_cppack.integrations.verl.cpu.platform import PLATFORM_NAME, cpu_platform_class
+
+    registry = expect_attribute(module, "PlatformRegistry", "cpu-platform")
+    expect_parameters(registry.register, ("platform",), "cpu-platform")
+    if registry.get(PLATFORM_NAME) is None:
+        registry.register(platform=PLATFORM_NAME)(cpu_platform_class())
+
+
+def gloo_process_group(module: ModuleType) -> None:
+    """Row 2: the training worker asks for backend "cpu:gloo,cpu:gloo" (gloo twice); on the host use "gloo"."""
+    original = expect_attribute(module, "initialize_global_process_group_ray", "gloo-process-group")
+    if _marked(original):
+        return
+    expect_parameters(original, ("timeout_second", "backend"), "gloo-process-group")
+    expect_source(original, 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"', "gloo-process-group")
+
+    @functools.wraps(original)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        return original(timeout_second=timeout_second, backend=backend or "gloo")
+
+    module.initialize_global_process_group_ray = _mark(initialize_global_process_group_ray)
+
+
+def float32_engine_config(module: ModuleType) -> None:
+    """Row 3: ``McoreEngineConfig`` admits bfloat16/float16 only; admit float32 (the optimizer then keeps fp32)."""
+    config_class = expect_attribute(module, "McoreEngineConfig", "float32-engine-config")
+    original = config_class.__post_init__
+    if _marked(original):
+        return
+    expect_source(original, 'assert self.dtype in ["bfloat16", "float16"]', "float32-engine-config")
+
+    @functools.wraps(original)
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "fp32"):
+            return original(self)
+        object.__setattr__(self, "dtype", "bfloat16")  # pass the check, then restore what was asked for
+        try:
+            original(self)
+        finally:
+            object.__setattr__(self, "dtype", "float32")
+
+    config_class.__post_init__ = _mark(__post_init__)
+
+
+def megatron_engine_on_cpu(module: ModuleType) -> None:
+    """Rows 8-10 and 12, in verl's Megatron engine module:
+
+    - 10: the engines are registered for device 'cuda' only; register them for 'cpu' too;
+    - 9: ``set_random_seed`` seeds Megatron's CUDA RNG tracker (CUDA RNG state); seed torch, numpy and random
+      as it does and install a CPU tracker instead;
+    - 8: the (off)load helpers read ``buffer.param_data`` (None without the distributed optimizer); the device
+      is the host, so they do nothing;
+    - 12: the engine methods that build the model and optimizer, step, zero and run forward/backward reach
+      ``device='cuda'`` literals in Megatron; they run in ``host_device_scope`` (see ``host_device.py``).
+    """
+    engine_class = expect_attribute(module, "MegatronEngine", "megatron-engine-on-cpu")
+    registry = expect_attribute(module, "EngineRegistry", "megatron-engine-on-cpu")
+    engines = expect_attribute(registry, "_engines", "megatron-engine-on-cpu")
+    for model_type in ("language_model", "value_model"):
+        by_device = engines.get(model_type, {}).get("megatron")
+        if not by_device or "cuda" not in by_device:
+            raise FixTargetChanged(f"CPU fix 'megatron-engine-on-cpu': no Megatron {model_type} engine registered for cuda")
+        by_device.setdefault("cpu", by_device["cuda"])
+
+    original_seed = expect_attribute(module, "set_random_seed", "megatron-engine-on-cpu")
+    if not _marked(original_seed):
+        expect_parameters(original_seed, ("seed",), "megatron-engine-on-cpu")
+        expect_source(original_seed, "model_parallel_cuda_manual_seed", "megatron-engine-on-cpu")
+
+        @functools.wraps(original_seed)
+        def set_random_seed(seed):
+            import random
+
+            import numpy
+
+            from verl_cppack.integrations.megatron_model import install_cpu_rng_tracker
+
+            torch.manual_seed(seed)  # what verl's function seeds, less the CUDA tracker
+            numpy.random.seed(seed)
+            random.seed(seed)
+            install_cpu_rng_tracker(seed)
+
+        module.set_random_seed = _mark(set_random_seed)
+
+    for name, parameters in (
+        ("load_megatron_model_to_gpu", ("models", "load_grad", "load_frozen_params")),
+        ("offload_megatron_model_to_cpu", ("models",)),
+        ("load_megatron_optimizer", ("optimizers",)),
+        ("offload_megatron_optimizer", ("optimizers",)),
+    ):
+        original = expect_attribute(module, name, "megatron-engine-on-cpu")
+        if _marked(original):
+            continue
+        expect_parameters(original, parameters, "megatron-engine-on-cpu")
+        setattr(module, name, _mark(functools.wraps(original)(lambda *args, **kwargs: None)))
+
+    for name in ("_build_megatron_module", "_build_optimizer", "optimizer_zero_grad", "optimizer_step",
+                 "forward_backward_batch"):  # fmt: skip
+        method = expect_attribute(engine_class, name, "megatron-engine-on-cpu")
+        if not getattr(method, "__verl_cppack_host_scope__", False):
+            setattr(engine_class, name, in_host_device_scope(method))
+
+
+# --------------------------------------------------------------------------------------------- megatron
+def clip_grads_on_host(module: ModuleType) -> None:
+    """Row 11: ``clip_grad_by_total_norm_fp32`` asserts CUDA float gradients and scales them with a CUDA kernel;
+    on the host the same scaling is one ``torch._foreach_mul_`` over the fp32 gradients."""
+    original = expect_attribute(module, "clip_grad_by_total_norm_fp32", "clip-grads-on-host")
+    if _marked(original):
+        return
+    expect_parameters(original, ("parameters", "max_norm", "total_norm", "use_decoupled_grad"), "clip-grads-on-host")
+    expect_source(original, "assert param.grad.type() == 'torch.cuda.FloatTensor'", "clip-grads-on-host")
+
+    @functools.wraps(original)
+    def clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decoupled_grad=False):
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        attribute = "decoupled_grad" if use_decoupled_grad else "grad"
+        grads = [getattr(p, attribute) for p in parameters if getattr(p, attribute, None) is not None]
+        not_fp32 = {str(g.dtype) for g in grads if g.dtype != torch.float32 and not use_decoupled_grad}
+        if not_fp32:
+            raise TypeError(f"gradients must be float32 to be clipped on the host, got {sorted(not_fp32)}")
+        clip_coefficient = max_norm / (total_norm + 1.0e-6)
+        if clip_coefficient < 1.0 and grads:
+            torch._foreach_mul_([g.detach() for g in grads], clip_coefficient)
+
+    _mark(clip_grad_by_total_norm_fp32)
+    module.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32
+    import sys
+
+    optimizer_module = sys.modules.get("megatron.core.optimizer.optimizer")
+    if optimizer_module is not None and getattr(optimizer_module, "clip_grad_by_total_norm_fp32", None) is original:
+        optimizer_module.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32
+
+
+# ---------------------------------------------------------------------------------------------- mbridge
+def local_layer_spec(module: ModuleType) -> None:
+    """Row 5: mbridge builds Transformer Engine layers; on the host use Megatron's local spec with
+    verl_cppack's core attention (THD + context parallelism without TE)."""
+    bridge_class = expect_attribute(module, "LLMBridge", "local-layer-spec")
+    original = bridge_class._get_transformer_layer_spec
+    if _marked(original):
+        return
+    expect_parameters(original, ("self", "vp_stage"), "local-layer-spec")
+    expect_source(original, "use_transformer_engine=True", "local-layer-spec")
+    decoder_block_spec = expect_attribute(module, "get_gpt_decoder_block_spec", "local-layer-spec")
+
+    @functools.wraps(original)
+    def _get_transformer_layer_spec(self, vp_stage=None):
+        from verl_cppack.attention.core_attention import core_attention_class
+
+        if self.config.normalization != "RMSNorm":
+            raise ValueError(f"mbridge supports RMSNorm models only, got {self.config.normalization!r}")
+        block_spec = decoder_block_spec(self.config, use_transformer_engine=False, vp_stage=vp_stage)
+        core_attention = core_attention_class("allgather", use_te=False)
+        for layer_spec in block_spec.layer_specs:
+            layer_spec.submodules.self_attention.submodules.core_attention = core_attention
+        return block_spec
+
+    bridge_class._get_transformer_layer_spec = _mark(_get_transformer_layer_spec)
+
+
+LOCAL_TO_FUSED_NAMES = {
+    ".input_layernorm.weight": ".self_attention.linear_qkv.layer_norm_weight",
+    ".pre_mlp_layernorm.weight": ".mlp.linear_fc1.layer_norm_weight",
+}
+
+
+def local_layernorm_names(module: ModuleType) -> None:
+    """Row 6: mbridge maps the names of TE's fused layernorms; the local spec keeps them as modules of their own
+    (``input_layernorm``, ``pre_mlp_layernorm``): map those to the fused names, then to Hugging Face's."""
+    bridge_class = expect_attribute(module, "Bridge", "local-layernorm-names")
+    original = bridge_class._weight_name_mapping_mcore_to_hf
+    if _marked(original):
+        return
+    expect_parameters(original, ("self", "mcore_weights_name"), "local-layernorm-names")
+
+    @functools.wraps(original)
+    def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name):
+        for local, fused in LOCAL_TO_FUSED_NAMES.items():
+            if mcore_weights_name.endswith(local):
+                mcore_weights_name = mcore_weights_name[: -len(local)] + fused
+                break
+        return original(self, mcore_weights_name)
+
+    bridge_class._weight_name_mapping_mcore_to_hf = _mark(_weight_name_mapping_mcore_to_hf)
+
+
+HF_ROLLOUT_NAME = "hf"
+HF_ROLLOUT_MODULE = "verl_cppack.integrations.verl.cpu.rollout"
+HF_ROLLOUT_ADAPTER = f"{HF_ROLLOUT_MODULE}.HFServerAdapter"
+
+
+def load_hf_replica() -> type:
+    """The replica class verl's ``RolloutReplicaRegistry`` loads for ``rollout.name=hf`` (imported on demand)."""
+    import importlib
+
+    return importlib.import_module(HF_ROLLOUT_MODULE).HFReplica
+
+
+def hf_rollout_adapter(module: ModuleType) -> None:
+    """Row 13: verl's rollout registry knows vllm, sglang and trtllm only; register ('hf', 'async') -> the Hugging
+    Face server adapter, by name (verl imports it when a worker builds its rollout)."""
+    registry = expect_attribute(module, "_ROLLOUT_REGISTRY", "hf-rollout-adapter")
+    if not isinstance(registry, dict) or not all(isinstance(key, tuple) and len(key) == 2 for key in registry):
+        raise FixTargetChanged("CPU fix 'hf-rollout-adapter': _ROLLOUT_REGISTRY is no longer a dict keyed by (name, mode)")
+    current = registry.setdefault((HF_ROLLOUT_NAME, "async"), HF_ROLLOUT_ADAPTER)
+    if current != HF_ROLLOUT_ADAPTER:
+        raise FixTargetChanged(f"CPU fix 'hf-rollout-adapter': rollout ('hf', 'async') is already registered to {current}")
+
+
+def hf_rollout_replica(module: ModuleType) -> None:
+    """Row 14: register the 'hf' replica (which launches the Hugging Face server actor) with verl's
+    ``RolloutReplicaRegistry``; the loader imports it on demand, so registering imports nothing."""
+    registry = expect_attribute(module, "RolloutReplicaRegistry", "hf-rollout-replica")
+    expect_parameters(registry.register, ("name", "loader"), "hf-rollout-replica")
+    registry.register(HF_ROLLOUT_NAME, load_hf_replica)
+
+
+FIXES: tuple[Fix, ...] = (
+    Fix("cpu-platform", "no 'cpu' platform in verl's PlatformRegistry", *VERL,
+        "verl.plugin.platform.platform_manager", register_cpu_platform),
+    Fix("gloo-process-group", "worker process group backend 'cpu:gloo,cpu:gloo'", *VERL,
+        "verl.utils.distributed", gloo_process_group),
+    Fix("gloo-process-group-workers", "the same, where the training worker bound it", *VERL,
+        "verl.workers.engine_workers", gloo_process_group),
+    Fix("float32-engine-config", "McoreEngineConfig refuses float32", *VERL,
+        "verl.workers.config.engine", float32_engine_config),
+    Fix("megatron-engine-on-cpu", "engine registry, RNG tracker, offload helpers, CUDA literals", *VERL,
+        "verl.workers.engine.megatron.transformer_impl", megatron_engine_on_cpu),
+    Fix("clip-grads-on-host", "gradient clipping asserts CUDA tensors", *MEGATRON,
+        "megatron.core.optimizer.clip_grads", clip_grads_on_host),
+    Fix("local-layer-spec", "Transformer Engine layer spec", *MBRIDGE,
+        "mbridge.core.llm_bridge", local_layer_spec),
+    Fix("local-layernorm-names", "weight names of TE's fused layernorms", *MBRIDGE,
+        "mbridge.core.bridge", local_layernorm_names),
+    Fix("hf-rollout-adapter", "no CPU rollout in verl's rollout registry", *VERL,
+        "verl.workers.rollout.base", hf_rollout_adapter),
+    Fix("hf-rollout-replica", "no CPU rollout replica in verl's replica registry", *VERL,
+        "verl.workers.rollout.replica", hf_rollout_replica),
+)  # fmt: skip

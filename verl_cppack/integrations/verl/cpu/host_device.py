@@ -1,0 +1,76 @@
+"""``host_device_scope()``: inside it, tensors that Megatron code asks to create on 'cuda' are created on the host.
+
+Megatron-core 0.16 writes ``device='cuda'`` and ``torch.cuda.current_device()`` as literals in its optimizer
+(found_inf, scale, grad-norm buffers), its pipeline schedules (token counters) and its DDP buffers. There is no
+per-call argument to change them, and replacing each of those functions would copy Megatron code. So the fixes
+that need it wrap exactly the Megatron / verl entry points that reach such literals (listed in ``fixes.py``) in
+this scope, and nothing else runs under it. Inside the scope:
+
+- a ``TorchFunctionMode`` rewrites a CUDA ``device`` argument (``'cuda'``, ``'cuda:N'``, ``torch.device('cuda')``)
+  of any torch function to ``'cpu'``, and turns ``Tensor.cuda()`` into a no-op;
+- ``torch.cuda.current_device()`` returns ``'cpu'`` (it would raise on a CPU build of torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_LOCAL = threading.local()
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return isinstance(device, str) and device.split(":")[0] == "cuda"
+
+
+class _HostDeviceMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
+            kwargs["device"] = "cpu"
+        if func in (torch.Tensor.to,) and args and len(args) > 1 and _is_cuda(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def host_device_scope() -> Iterator[None]:
+    """Run the enclosed Megatron code with CUDA device literals meaning the host (re-entrant, per thread)."""
+    if getattr(_LOCAL, "depth", 0):
+        _LOCAL.depth += 1
+        try:
+            yield
+        finally:
+            _LOCAL.depth -= 1
+        return
+    original_current_device = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"
+    _LOCAL.depth = 1
+    try:
+        with _HostDeviceMode():
+            yield
+    finally:
+        _LOCAL.depth = 0
+        torch.cuda.current_device = original_current_device
+
+
+def in_host_device_scope(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` wrapped so that every call runs inside ``host_device_scope()``."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with host_device_scope():
+            return function(*args, **kwargs)
+
+    wrapper.__verl_cppack_host_scope__ = True
+    return wrapper

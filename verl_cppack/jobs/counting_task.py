@@ -1,0 +1,176 @@
+"""The counting task, made locally for verl's trainer: a tiny Llama, a character tokenizer, parquet data, a reward.
+
+Nothing can be downloaded on the machines this runs on, so every asset is created here once and cached:
+
+- a character-level tokenizer over ``SYMBOLS`` (``tokenizers`` library, saved as a Hugging Face fast tokenizer
+  with a chat template that emits the message text unchanged);
+- a tiny ``LlamaForCausalLM`` with random weights (seeded), saved with ``save_pretrained`` in float32;
+- ``train.parquet`` / ``test.parquet`` in verl's RL dataset format (``prompt`` as chat messages,
+  ``reward_model.ground_truth``);
+- the reward, verl's ``custom_reward_function``, in ``counting_reward.py`` (verl loads it by path).
+
+The task: a prompt is a run of 2..6 symbols; the ideal response continues counting from the prompt's last
+symbol, modulo the alphabet (``"3a"`` -> ``"bcdef0"``). The reward is the fraction of the ``RESPONSE_LENGTH``
+response positions whose symbol is its predecessor plus one, so it gives partial credit per token and a random
+policy scores about ``1 / len(SYMBOLS)``; a response that stops early forfeits the missing positions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from verl_cppack.jobs import counting_reward
+from verl_cppack.jobs.counting_reward import RESPONSE_LENGTH, SYMBOLS, score_response
+
+PAD, EOS = "<pad>", "</s>"
+MIN_PROMPT_SYMBOLS, MAX_PROMPT_SYMBOLS = 2, 6
+DATA_SOURCE = "verl_cppack/counting"
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+CACHE_ENV = "VERL_CPPACK_CACHE"
+
+
+@dataclass(frozen=True)
+class CountingAssets:
+    """Sizes of what is made; every field is part of the cache key."""
+
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    train_prompts: int = 2048
+    test_prompts: int = 64
+    seed: int = 0
+    version: int = 1  # bump when what is made changes
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    """``$VERL_CPPACK_CACHE`` or ``~/.cache/verl_cppack``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "verl_cppack")
+
+
+@dataclass(frozen=True)
+class CountingPaths:
+    root: Path
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def train(self) -> Path:
+        return self.root / "train.parquet"
+
+    @property
+    def test(self) -> Path:
+        return self.root / "test.parquet"
+
+    @property
+    def reward(self) -> Path:
+        """The file verl's ``reward.custom_reward_function.path`` points at."""
+        return Path(counting_reward.__file__).resolve()
+
+
+def ensure_counting_assets(assets: CountingAssets = CountingAssets(), root: Path | None = None) -> CountingPaths:
+    """Make the model, tokenizer and data under ``root`` (default: the cache) unless a complete copy exists.
+
+    Written into a temporary directory and renamed into place, so a crash never leaves a half-made cache
+    that a later run would trust.
+    """
+    paths = CountingPaths((root or cache_root()) / f"counting-{assets.key()}")
+    if (paths.root / "complete").is_file():
+        return paths
+    staging = paths.root.with_name(paths.root.name + f".tmp-{os.getpid()}")
+    staging.mkdir(parents=True, exist_ok=True)
+    made = CountingPaths(staging)
+    save_tokenizer(made.model)
+    save_tiny_llama(made.model, assets)
+    write_dataset(made.train, assets.train_prompts, seed=assets.seed)
+    write_dataset(made.test, assets.test_prompts, seed=assets.seed + 1)
+    (staging / "assets.json").write_text(json.dumps(asdict(assets), indent=2, sort_keys=True))
+    (staging / "complete").write_text("")
+    try:
+        staging.rename(paths.root)
+    except OSError:  # another process finished first: keep its copy
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+    return paths
+
+
+def build_tokenizer():
+    """A character-level fast tokenizer: ``<pad>`` = 0, ``</s>`` = 1, then one id per symbol."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocabulary = {PAD: 0, EOS: 1, **{symbol: index + 2 for index, symbol in enumerate(SYMBOLS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocabulary, unk_token=PAD))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, unk_token=PAD)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def save_tokenizer(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    build_tokenizer().save_pretrained(directory)
+
+
+def save_tiny_llama(directory: Path, assets: CountingAssets) -> None:
+    """A randomly initialised ``LlamaForCausalLM`` (seeded), float32, sized by ``assets``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(SYMBOLS) + 2,
+        hidden_size=assets.hidden_size,
+        intermediate_size=assets.intermediate_size,
+        num_hidden_layers=assets.num_layers,
+        num_attention_heads=assets.num_attention_heads,
+        num_key_value_heads=assets.num_key_value_heads,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(assets.seed)
+    LlamaForCausalLM(config).to(torch.float32).save_pretrained(directory)
+
+
+def sample_prompt(rng: random.Random) -> str:
+    length = rng.randint(MIN_PROMPT_SYMBOLS, MAX_PROMPT_SYMBOLS)
+    return "".join(rng.choice(SYMBOLS) for _ in range(length))
+
+
+def write_dataset(path: Path, num_prompts: int, seed: int) -> None:
+    """``num_prompts`` rows in verl's RL dataset format (what ``RLHFDataset`` reads)."""
+    import pandas as pd
+
+    rng = random.Random(seed)
+    rows = []
+    for index in range(num_prompts):
+        prompt = sample_prompt(rng)
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": prompt}],
+                "ability": "counting",
+                "reward_model": {"style": "rule", "ground_truth": prompt[-1]},
+                "extra_info": {"index": index},
+            }
+        )
+    pd.DataFrame(rows).to_parquet(path)
+
+
+__all__ = ["RESPONSE_LENGTH", "SYMBOLS", "CountingAssets", "CountingPaths", "ensure_counting_assets", "score_response"]

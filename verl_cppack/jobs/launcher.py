@@ -1,0 +1,212 @@
+"""Run ``verl.trainer.main_ppo`` as a child process with verl_cppack on, follow its metrics, write the results.
+
+The child is verl's own trainer, unchanged: ``python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer
+<overrides>``, with ``VERL_PLATFORM=cpu`` and ``VERL_USE_EXTERNAL_MODULES=verl_cppack.verl_plugin`` in its
+environment and in every Ray worker's (``ray_kwargs.ray_init.runtime_env.env_vars``). verl's ``file`` logger
+writes one JSON line per step (``VERL_FILE_LOGGER_PATH``); the launcher follows that file, prints a progress
+line per step and appends the step's metrics, under verl's names, to ``DIR/metrics.jsonl``. The drop-ins
+count their calls in the workers (``VERL_CPPACK_CALL_COUNT_DIR``). The trainer's own output goes to
+``DIR/trainer.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_cppack.integrations.verl.call_counts import COUNT_DIR_ENV, read_call_counts
+from verl_cppack.jobs.output import MetricsWriter, fifth_means, read_metrics
+from verl_cppack.jobs.trainer_config import CONFIG_NAME, PLUGIN
+
+EXIT_TRAINER_FAILED = 3
+EXIT_INTERRUPTED = 130
+SHUTDOWN_GRACE_S = 30.0
+ADDRESS_PROBE_TIMEOUT_S = 10.0
+
+
+class TrainerFailed(RuntimeError):
+    """verl's trainer (or the Ray cluster under it) did not finish; the message says where to look."""
+
+
+@dataclass
+class TrainerRun:
+    overrides: list[str]
+    output_dir: Path
+    cp: int
+    address: str | None = None
+    verbose: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def verl_metrics_path(self) -> Path:
+        return self.output_dir / "verl_metrics.jsonl"
+
+    @property
+    def call_count_dir(self) -> Path:
+        return self.output_dir / "dropin_calls"
+
+    @property
+    def log_path(self) -> Path:
+        return self.output_dir / "trainer.log"
+
+    def environment(self) -> dict[str, str]:
+        return {
+            "VERL_PLATFORM": "cpu",
+            "VERL_USE_EXTERNAL_MODULES": PLUGIN,
+            "VERL_FILE_LOGGER_PATH": str(self.verl_metrics_path.resolve()),
+            COUNT_DIR_ENV: str(self.call_count_dir.resolve()),
+            "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+            "TOKENIZERS_PARALLELISM": "false",
+            **self.extra_env,
+        }
+
+    def command(self) -> list[str]:
+        worker_env = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={v}" for k, v in self.environment().items()]
+        address = [f"++ray_kwargs.ray_init.address={self.address}"] if self.address else []
+        return [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-name={CONFIG_NAME}",
+                *self.overrides, *worker_env, *address]  # fmt: skip
+
+
+def check_ray_address(address: str) -> None:
+    """Refuse an address where no Ray cluster answers, in bounded time (Ray itself retries for minutes)."""
+    if address == "auto" or address.startswith("ray://"):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--address must be HOST:PORT of a Ray head node (or 'auto'), got {address!r}")
+    try:
+        with socket.create_connection((host, int(port)), timeout=ADDRESS_PROBE_TIMEOUT_S):
+            pass
+    except OSError as error:
+        raise TrainerFailed(f"no Ray cluster answers at {address} ({error}); start one with `ray start --head`") from error
+
+
+def run_trainer(run: TrainerRun, on_step: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+    """Run verl's trainer to the end; ``on_step(record)`` for every step as it lands. Returns the records.
+
+    Raises ``TrainerFailed`` when the trainer exits non-zero; ``KeyboardInterrupt`` after the trainer and the
+    Ray cluster it started have been stopped.
+    """
+    if run.address:
+        check_ray_address(run.address)
+    run.output_dir.mkdir(parents=True, exist_ok=True)
+    writer = MetricsWriter(run.output_dir / "metrics.jsonl")
+    records: list[dict[str, Any]] = []
+    with run.log_path.open("w") as log:
+        child = subprocess.Popen(
+            run.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **run.environment()}, start_new_session=True,
+        )  # fmt: skip
+        follower = _LineFollower(run.verl_metrics_path)
+        try:
+            while True:
+                finished = child.poll() is not None
+                for line in follower.new_lines():
+                    record = step_record(json.loads(line), run.cp)
+                    writer.write(record)
+                    records.append(record)
+                    on_step(record)
+                if finished:
+                    break
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            stop_process_group(child)
+            raise
+        finally:
+            writer.close()
+    if child.returncode != 0:
+        raise TrainerFailed(f"verl's trainer exited with status {child.returncode}; its output: {run.log_path}\n"
+                            + last_error_lines(run.log_path))  # fmt: skip
+    return records
+
+
+class _LineFollower:
+    """Complete lines appended to a file since the last call (the file may not exist yet)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.partial = path, 0, ""
+
+    def new_lines(self) -> list[str]:
+        if not self.path.exists():
+            return []
+        with self.path.open() as handle:
+            handle.seek(self.offset)
+            text = handle.read()
+            self.offset = handle.tell()
+        lines = (self.partial + text).split("\n")
+        self.partial = lines.pop()
+        return [line for line in lines if line.strip()]
+
+
+def stop_process_group(child: subprocess.Popen) -> None:
+    """SIGINT to the trainer's process group (verl and Ray shut down), SIGKILL whatever is left after a grace."""
+    for sig, wait_s in ((signal.SIGINT, SHUTDOWN_GRACE_S), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def last_error_lines(log_path: Path, count: int = 15) -> str:
+    lines = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
+    return "\n".join(lines[-count:])
+
+
+def step_record(logged: dict[str, Any], cp: int) -> dict[str, Any]:
+    """One line of verl's file logger (``{"step", "data"}``) as a metrics.jsonl record: verl's metrics under
+    verl's names, plus ``step``, ``reward_mean`` (verl's ``critic/score/mean``) and ``cp``. Values that are not
+    finite numbers are kept out (``MetricsWriter`` refuses them) and listed under ``non_finite``."""
+    data = logged["data"]
+    record: dict[str, Any] = {}
+    non_finite = []
+    for name, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            non_finite.append(name)
+            continue
+        record[name] = value
+    record.update(step=int(logged["step"]), reward_mean=float(data["critic/score/mean"]), cp=cp)
+    if non_finite:
+        record["non_finite"] = sorted(non_finite)
+    return record
+
+
+def summarize(records: Sequence[dict[str, Any]], run: TrainerRun, wall_s: float, verl_version: str) -> dict[str, Any]:
+    if not records:
+        raise TrainerFailed(f"verl's trainer finished without logging a step; its output: {run.log_path}")
+    rewards = [record["reward_mean"] for record in records]
+    first, last = fifth_means(rewards)
+    counts = read_call_counts(run.call_count_dir) if run.call_count_dir.exists() else {}
+    return {
+        "trainer": "verl.trainer.main_ppo",
+        "verl_version": verl_version,
+        "cp": run.cp,
+        "steps": len(records),
+        "reward_first_fifth": first,
+        "reward_last_fifth": last,
+        "reward_gain": last - first,
+        "rollout_probs_diff_max": max(r.get("training/rollout_probs_diff_max", float("nan")) for r in records),
+        "dropin_calls": sum(counts.values()),
+        "dropin_calls_by_name": counts,
+        "wall_s": round(wall_s, 1),
+        "output_dir": str(run.output_dir),
+    }
+
+
+__all__ = ["TrainerFailed", "TrainerRun", "read_metrics", "run_trainer", "summarize"]

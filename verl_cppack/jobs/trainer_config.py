@@ -1,0 +1,161 @@
+"""The Hydra overrides verl's trainer runs with: a GPU recipe's own overrides, then the CPU overlay on top.
+
+One recipe, not two that drift: ``recipes/gsm8k_grpo_megatron_cp2.sh`` prints its overrides
+(``VERL_CPPACK_PRINT_OVERRIDES=1``), the CPU overlay replaces what a CPU machine cannot serve (model, data,
+rollout backend, sizes, precision, fusions), and the user's own overrides come last. A key given twice keeps the
+last value. ``compose_trainer_config`` composes the result onto verl's ``ppo_megatron_trainer.yaml`` in strict
+mode, so a misspelt key fails before Ray starts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_cppack.jobs.counting_task import RESPONSE_LENGTH, CountingPaths
+
+CONFIG_NAME = "ppo_megatron_trainer"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+PLUGIN = "verl_cppack.verl_plugin"
+
+# The fusions and kernels Megatron would take from Transformer Engine / apex / CUDA are off on the host.
+HOST_TRANSFORMER_CONFIG = {
+    "use_cpu_initialization": True,
+    "masked_softmax_fusion": False,
+    "bias_activation_fusion": False,
+    "bias_dropout_fusion": False,
+    "apply_rope_fusion": False,
+    "gradient_accumulation_fusion": False,
+    "persist_layer_norm": False,
+    "attention_backend": "auto",
+}
+
+
+@dataclass(frozen=True)
+class CpuRun:
+    """What the CPU overlay needs to know about one run."""
+
+    assets: CountingPaths
+    cp: int = 2
+    steps: int = 30
+    prompts_per_step: int = 16
+    group_size: int = 8
+    seed: int = 0
+    learning_rate: float = 2e-3
+    output_dir: Path = Path("runs/grpo")
+
+
+def recipe_overrides(script: str) -> list[str]:
+    """The overrides a recipe in ``recipes/`` passes to verl (after shell expansion)."""
+    path = RECIPES / script
+    if not path.is_file():
+        raise ValueError(f"recipe {path} not found: run from a checkout of verl_cppack (pip install -e .)")
+    result = subprocess.run(
+        ["bash", str(path)], env={**os.environ, "VERL_CPPACK_PRINT_OVERRIDES": "1"}, capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise ValueError(f"recipe {path} failed: {result.stderr.strip()}")
+    return result.stdout.splitlines()
+
+
+def cpu_overlay(run: CpuRun) -> list[str]:
+    """The overrides that make the GPU recipe a CPU run of the counting task at CP=``run.cp``."""
+    megatron = []
+    for role in ("actor", "ref"):
+        prefix = f"actor_rollout_ref.{role}.megatron"
+        megatron += [
+            f"{prefix}.tensor_model_parallel_size=1",
+            f"{prefix}.pipeline_model_parallel_size=1",
+            f"{prefix}.context_parallel_size={run.cp}",
+            f"{prefix}.vanilla_mbridge=True",
+            f"{prefix}.dtype=float32",
+            f"{prefix}.use_distributed_optimizer=False",
+            f"{prefix}.seed={run.seed}",
+            *(f"++{prefix}.override_transformer_config.{key}={value}" for key, value in HOST_TRANSFORMER_CONFIG.items()),
+        ]
+    batch = run.prompts_per_step
+    return [
+        f"data.train_files={run.assets.train}",
+        f"data.val_files={run.assets.test}",
+        f"data.train_batch_size={batch}",
+        "data.max_prompt_length=8",
+        f"data.max_response_length={RESPONSE_LENGTH}",
+        "data.filter_overlong_prompts=False",
+        f"data.seed={run.seed}",
+        "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.model.path={run.assets.model}",
+        f"actor_rollout_ref.model.external_lib={PLUGIN}",
+        f"actor_rollout_ref.actor.optim.lr={run.learning_rate}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={batch * run.group_size // 2}",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        *megatron,
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.n={run.group_size}",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        f"actor_rollout_ref.rollout.seed={run.seed}",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * run.group_size // 2}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch * run.group_size // 2}",
+        f"reward.custom_reward_function.path={run.assets.reward}",
+        "reward.custom_reward_function.name=compute_score",
+        "reward.num_workers=1",  # 8 reward and 8 agent-loop processes by default: too many for 2 cores
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",  # verl's rollout_probs_diff metrics need them
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        f"trainer.n_gpus_per_node={run.cp}",
+        f"trainer.total_training_steps={run.steps}",
+        "trainer.total_epochs=1000",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        "trainer.logger=[console,file]",
+        f"trainer.default_local_dir={run.output_dir / 'checkpoints'}",
+        "trainer.project_name=verl_cppack",
+        "trainer.experiment_name=grpo_cpu",
+        f"++ray_kwargs.ray_init.num_gpus={run.cp}",
+        "++ray_kwargs.ray_init.num_cpus=16",
+        # the v1 trainer's TransferQueue: 8 storage units on 2 cores stalled for minutes (VERL_ON_CPU.md)
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=2",
+    ]
+
+
+def merge_overrides(*groups: Sequence[str]) -> list[str]:
+    """Concatenate override lists; a key given again replaces the earlier value in place of the first."""
+    merged: dict[str, str] = {}
+    for group in groups:
+        for override in group:
+            if "=" not in override:
+                raise ValueError(f"override {override!r} is not KEY=VALUE")
+            key = override.split("=", 1)[0]
+            bare = key.lstrip("+~")
+            for existing in [k for k in merged if k.lstrip("+~") == bare]:
+                del merged[existing]
+            merged[key] = override
+    return list(merged.values())
+
+
+def verl_config_dir() -> str:
+    import verl
+
+    return str(Path(verl.__file__).parent / "trainer" / "config")
+
+
+def compose_trainer_config(overrides: Sequence[str]):
+    """verl's trainer config with ``overrides`` applied (strict: an unknown key raises ``ValueError``)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
+            return compose(config_name=CONFIG_NAME, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ValueError(f"verl's trainer config rejects the overrides: {error}") from error
