@@ -72,6 +72,38 @@ def generation_from_source(path: Path) -> dict[str, Any]:
     return {"generation": generation, "util": str(path), "replaceable": sorted(set(DROPINS) & set(functions))}
 
 
+def cpu_fix_report(verify: bool) -> list[dict[str, Any]]:
+    """The CPU fixes for verl's trainer: target, version range, whether the installed version is in it, and with
+    ``verify`` whether each applied here (the fixes are armed and their modules imported in this process)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    from verl_cppack.integrations.verl import cpu
+    from verl_cppack.integrations.verl.cpu.fix import installed_version
+    from verl_cppack.integrations.verl.cpu.fixes import FIXES
+
+    if verify:
+        cpu.activate()
+        for fix in FIXES:
+            try:
+                importlib.import_module(fix.module)
+            except Exception:  # noqa: BLE001 - a refused fix or a missing package shows up in its state
+                pass
+    states = {status.fix.name: status for status in cpu.report()}
+    rows = []
+    for fix in FIXES:
+        installed = installed_version(fix.distribution)
+        status = states.get(fix.name)
+        rows.append({
+            "name": fix.name, "fixes": fix.fixes, "module": fix.module, "distribution": fix.distribution,
+            "versions": fix.versions, "installed": installed,
+            "version_ok": installed is not None and Version(installed) in SpecifierSet(fix.versions),
+            "state": status.state if status else "not armed",
+            "detail": status.detail if status else "",
+        })  # fmt: skip
+    return rows
+
+
 def collect(verify: bool) -> dict[str, Any]:
     from verl_cppack.integrations.verl import patching
 
@@ -90,6 +122,7 @@ def collect(verify: bool) -> dict[str, Any]:
             except Exception as error:  # noqa: BLE001 - report which caller could not be imported here
                 report["import_errors"][module] = f"{type(error).__name__}: {error}"
     report["patch"] = patching.status()
+    report["cpu_fixes"] = cpu_fix_report(verify)
     return report
 
 
@@ -110,6 +143,12 @@ def _print_human(report: dict[str, Any]) -> None:
         print(f"  {module}: {', '.join(names)}")
     for module, error in report.get("import_errors", {}).items():
         print(f"  could not import {module}: {error}")
+    print("CPU support for verl's trainer (armed by VERL_PLATFORM=cpu; --verify applies it here):")
+    for row in report["cpu_fixes"]:
+        version = f"{row['distribution']} {row['installed'] or 'not installed'} (written for {row['versions']})"
+        print(f"  {row['name']:28s} {row['state']:10s} {version}  {row['module']}: {row['fixes']}")
+        if row["detail"]:
+            print(f"      {row['detail']}")
     if not patch["installed"]:
         print("turn it on with actor_rollout_ref.model.external_lib=verl_cppack.verl_plugin "
               "(or VERL_USE_EXTERNAL_MODULES=verl_cppack.verl_plugin); check with `verl-cppack doctor --verify`")
@@ -127,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
             module for module in CALLER_MODULES
             if module not in report["patch"]["covered"] and module not in report["import_errors"]
         ]
-        return 1 if util is None or missing or not report["patch"]["installed"] else 0
+        refused = [row["name"] for row in report["cpu_fixes"] if row["state"] != "applied"]
+        return 1 if util is None or missing or refused or not report["patch"]["installed"] else 0
     return 0
 
 

@@ -8,8 +8,11 @@ starts (a bad value or an unknown Hydra key is a ``ValueError``); ``run_grpo(pre
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,7 +44,7 @@ class GrpoSettings:
     seed: int = 0
     prompts_per_step: int = 16
     group_size: int = 8
-    learning_rate: float = 2e-3
+    learning_rate: float = 3e-3
     overrides: tuple[str, ...] = ()
     verbose: bool = False
 
@@ -88,6 +91,11 @@ def prepare_grpo(settings: GrpoSettings, output_dir: Path | None = None) -> Prep
 
 def check_composed(config: Any) -> None:
     """What verl would only find out inside Ray: a model directory that is not there, an inconsistent config."""
+    from hydra.errors import InstantiationException
+
+    from verl_cppack.integrations.verl import cpu
+
+    cpu.activate()  # this process validates a CPU run: verl's config classes must see what the workers will
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
@@ -100,8 +108,10 @@ def check_composed(config: Any) -> None:
     if str(config.trainer.device) != "cpu":
         raise ValueError(f"this job runs verl on the host: trainer.device must be cpu, got {config.trainer.device}")
     try:
-        validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    except (AssertionError, ValueError, TypeError) as error:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # verl's notes go to trainer.log
+            warnings.simplefilter("ignore")
+            validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    except (AssertionError, ValueError, TypeError, InstantiationException) as error:
         raise ValueError(f"verl's validate_config rejects the configuration: {error}") from error
 
 

@@ -71,10 +71,15 @@ class TrainerRun:
         }
 
     def command(self) -> list[str]:
-        worker_env = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={v}" for k, v in self.environment().items()]
+        worker_env = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_string(v)}" for k, v in self.environment().items()]
         address = [f"++ray_kwargs.ray_init.address={self.address}"] if self.address else []
         return [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-name={CONFIG_NAME}",
                 *self.overrides, *worker_env, *address]  # fmt: skip
+
+
+def hydra_string(value: str) -> str:
+    """A Hydra override value that stays a string ('false', '1' and paths would otherwise be parsed)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def check_ray_address(address: str) -> None:

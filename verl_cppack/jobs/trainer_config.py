@@ -44,7 +44,8 @@ class CpuRun:
     prompts_per_step: int = 16
     group_size: int = 8
     seed: int = 0
-    learning_rate: float = 2e-3
+    learning_rate: float = 3e-3
+    mini_batches: int = 4  # optimizer steps per training step (verl's ppo_mini_batch_size = prompts / this)
     output_dir: Path = Path("runs/grpo")
 
 
@@ -89,8 +90,8 @@ def cpu_overlay(run: CpuRun) -> list[str]:
         f"actor_rollout_ref.model.path={run.assets.model}",
         f"actor_rollout_ref.model.external_lib={PLUGIN}",
         f"actor_rollout_ref.actor.optim.lr={run.learning_rate}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={batch * run.group_size // 2}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch // run.mini_batches}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={batch * run.group_size // run.mini_batches}",
         "actor_rollout_ref.actor.kl_loss_coef=0.001",
         *megatron,
         "actor_rollout_ref.rollout.name=hf",
