@@ -1,4 +1,5 @@
-"""The GRPO run configuration and its command line: defaults, and bad settings refused before any work."""
+"""The own-loop run configuration (``verl-cppack ppo``) and its command line: defaults, and bad settings refused
+before any work. (``grpo`` runs verl's own trainer: tests/test_grpo_cli.py.)"""
 
 from __future__ import annotations
 
@@ -7,22 +8,22 @@ import dataclasses
 import pytest
 
 from verl_cppack.cli import build_parser
-from verl_cppack.cli.grpo import config_from_args
-from verl_cppack.rl.grpo import GRPOConfig
+from verl_cppack.cli.ppo import config_from_args
+from verl_cppack.rl.ppo import PPOConfig
 from verl_cppack.rl.task import CountingTask
 from verl_cppack.rl.worker import WorkerSettings
 
 
-def test_grpo_with_no_arguments_is_the_cp2_main_job_on_a_local_cluster():
-    config = config_from_args(build_parser().parse_args(["grpo"]))
-    assert config == GRPOConfig()
-    assert config.cp == 2 and config.address is None and config.output == "runs/grpo"
+def test_ppo_with_no_arguments_runs_at_cp2_on_a_local_cluster():
+    config = config_from_args(build_parser().parse_args(["ppo"]))
+    assert config == PPOConfig()
+    assert config.cp == 2 and config.address is None and config.output == PPOConfig().output
     assert config.worker.forward == "verl" and config.worker.device == "cpu"
 
 
 def test_command_line_flags_reach_the_config():
     args = build_parser().parse_args(
-        ["grpo", "--cp", "1", "--steps", "3", "--output", "out", "--address", "auto", "--kl-coef", "0.5",
+        ["ppo", "--cp", "1", "--steps", "3", "--output", "out", "--address", "auto", "--kl-coef", "0.5",
          "--forward", "cppack", "--group-size", "4", "--prompts-per-step", "2", "--collective-timeout", "7"]
     )
     config = config_from_args(args)
@@ -44,7 +45,7 @@ def test_command_line_flags_reach_the_config():
 )
 def test_inconsistent_settings_are_refused(change, message):
     with pytest.raises(ValueError, match=message):
-        dataclasses.replace(GRPOConfig(), **change)
+        dataclasses.replace(PPOConfig(), **change)
 
 
 @pytest.mark.parametrize(
@@ -64,5 +65,5 @@ def test_worker_settings_refuse_unknown_choices(change, message):
 def test_the_cli_reports_a_bad_setting_without_starting_anything(capsys):
     from verl_cppack.cli import main
 
-    assert main(["grpo", "--group-size", "1"]) == 2
+    assert main(["ppo", "--group-size", "1"]) == 2
     assert "group_size must be >= 2" in capsys.readouterr().err

@@ -39,10 +39,10 @@ def ray_cluster():
     ray.shutdown()
 
 
-def test_cli_grpo_short_run_at_cp2_writes_finite_metrics_and_a_summary(ray_cluster, tmp_path, capsys):
+def test_cli_own_loop_short_run_at_cp2_writes_finite_metrics_and_a_summary(ray_cluster, tmp_path, capsys):
     from verl_cppack.cli import main
 
-    assert main(["grpo", "--steps", "3", "--prompts-per-step", "4", "--group-size", "4", "--output", str(tmp_path)]) == 0
+    assert main(["ppo", "--steps", "3", "--prompts-per-step", "4", "--group-size", "4", "--output", str(tmp_path)]) == 0
     assert "3 steps at CP=2" in capsys.readouterr().out
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [record["step"] for record in records] == [0, 1, 2]
@@ -117,9 +117,9 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "verl_cppack.cli", *args]
 
 
-def test_cli_grpo_joins_a_cluster_and_ctrl_c_stops_it_cleanly(ray_cluster, tmp_path):
+def test_cli_own_loop_joins_a_cluster_and_ctrl_c_stops_it_cleanly(ray_cluster, tmp_path):
     process = subprocess.Popen(
-        cli("grpo", "--steps", "500", "--prompts-per-step", "4", "--group-size", "4", "--address", ray_cluster,
+        cli("ppo", "--steps", "500", "--prompts-per-step", "4", "--group-size", "4", "--address", ray_cluster,
             "--output", str(tmp_path / "interrupted")),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

@@ -19,9 +19,12 @@ def fresh_output_dir(requested: str | Path) -> Path:
     requested = Path(requested)
     if requested.exists() and not requested.is_dir():
         raise ValueError(f"output path {requested} exists and is not a directory; pass --output DIR")
-    if not requested.exists() or not any(requested.iterdir()):
-        requested.mkdir(parents=True, exist_ok=True)
-        return requested
+    try:
+        if not requested.exists() or not any(requested.iterdir()):
+            requested.mkdir(parents=True, exist_ok=True)
+            return requested
+    except OSError as error:
+        raise ValueError(f"cannot create or read the output directory {requested}: {error}; pass --output DIR") from error
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for attempt in range(1000):
         candidate = requested / (f"run-{stamp}" if attempt == 0 else f"run-{stamp}-{attempt}")
@@ -29,6 +32,8 @@ def fresh_output_dir(requested: str | Path) -> Path:
             candidate.mkdir()
         except FileExistsError:
             continue
+        except OSError as error:
+            raise ValueError(f"cannot create {candidate}: {error}; pass --output DIR") from error
         return candidate
     raise RuntimeError(f"could not create a fresh run directory under {requested}")
 

@@ -1,4 +1,5 @@
-"""The GRPO driver: Ray CP workers, the step loop, metrics, plot and summary.
+"""The project's own RL driver, kept for ``verl-cppack ppo`` until it moves to verl's trainer: Ray CP workers, the
+step loop, metrics, plot and summary. (GRPO runs through verl's own trainer: ``verl_cppack.jobs.grpo``.)
 
 ``run_training(config, make_step)`` is the reusable loop (Ray session, worker group, output directory,
 progress bar, metrics.jsonl, reward curve, summary, fault and Ctrl-C handling); ``grpo_step`` is one GRPO
@@ -233,8 +234,4 @@ def summarize(
     return summary
 
 
-def run_grpo(config: GRPOConfig) -> RunResult:
-    return run_training(config, make_grpo_step, job="grpo")
-
-
-__all__ = ["GRPOConfig", "RunResult", "WorkerError", "make_grpo_step", "rollout_batch", "run_grpo", "run_training"]
+__all__ = ["GRPOConfig", "RunResult", "WorkerError", "make_grpo_step", "rollout_batch", "run_training"]

@@ -1,0 +1,111 @@
+"""``verl-cppack grpo``'s contract with its user: the configuration it composes, bad input refused before Ray starts
+(one ``error:`` line, exit 2), a Ray cluster that is not there refused in bounded time (exit 3), and Ctrl-C stopping
+verl's trainer and the Ray cluster it started (exit 130, nothing left running)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("verl")
+
+from verl_cppack.jobs.grpo import GrpoSettings, prepare_grpo  # noqa: E402
+
+
+def grpo(*arguments: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "verl_cppack.cli", "grpo", *arguments], capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def test_the_default_configuration_is_the_gpu_recipe_with_the_cpu_overlay(tmp_path):
+    """The GSM8K recipe's algorithm settings survive; the overlay sets CP=2 for actor and reference, the plugin,
+    the Hugging Face rollout, float32 and the host; user overrides come last and win."""
+    prepared = prepare_grpo(GrpoSettings(overrides=("actor_rollout_ref.actor.kl_loss_coef=0.5",)), output_dir=tmp_path)
+    config = prepared.config
+    assert config.algorithm.adv_estimator == "grpo" and config.actor_rollout_ref.actor.use_kl_loss  # from the recipe
+    assert config.actor_rollout_ref.actor.kl_loss_type == "low_var_kl"
+    assert config.actor_rollout_ref.actor.megatron.context_parallel_size == 2
+    assert config.actor_rollout_ref.ref.megatron.context_parallel_size == 2
+    assert config.actor_rollout_ref.model.external_lib == "verl_cppack.verl_plugin"
+    assert config.actor_rollout_ref.rollout.name == "hf" and config.trainer.device == "cpu"
+    assert config.actor_rollout_ref.actor.megatron.dtype == "float32"
+    assert config.actor_rollout_ref.actor.kl_loss_coef == 0.5
+    assert config.trainer.use_v1 is True  # verl 0.9.1's default trainer
+    assert prepare_grpo(GrpoSettings(trainer="v0"), output_dir=tmp_path).config.trainer.use_v1 is False
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--cp", "0"], "cp must be >= 1"),
+        (["--steps", "0"], "steps must be >= 1"),
+        (["--group-size", "1"], "group_size must be >= 2"),
+        (["--lr", "5"], "learning rate"),
+        (["actor_rollout_ref.actor.no_such_key=1"], "rejects the overrides"),
+        (["not-an-override"], "KEY=VALUE"),
+        (["actor_rollout_ref.model.path=/no/such/model"], "not a Hugging Face checkpoint directory"),
+        (["trainer.device=cuda"], "trainer.device must be cpu"),
+        (["--address", "nonsense"], "HOST:PORT"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_exit_2_before_ray_starts(arguments, message, tmp_path):
+    result = grpo("--output", str(tmp_path / "out"), *arguments)
+    assert result.returncode == 2, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out" / "trainer.log").exists()  # the trainer never started
+
+
+def test_an_output_path_that_is_a_file_or_unwritable_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    result = grpo("--output", str(tmp_path / "file"))
+    assert result.returncode == 2 and "error:" in result.stderr and "not a directory" in result.stderr
+    result = grpo("--output", "/proc/verl_cppack_cannot_be_here")  # not writable, even for root
+    assert result.returncode == 2 and "error: cannot create or read the output directory" in result.stderr
+
+
+def test_a_ray_address_where_no_cluster_answers_fails_in_bounded_time(tmp_path):
+    started = time.monotonic()
+    result = grpo("--output", str(tmp_path / "out"), "--address", "127.0.0.1:9", timeout=120)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "no Ray cluster answers at 127.0.0.1:9" in result.stderr
+    assert time.monotonic() - started < 60
+
+
+def _ray_processes() -> set[int]:
+    import psutil
+
+    found = set()
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if "raylet" in command or "gcs_server" in command or "verl.trainer.main_ppo" in command:
+            found.add(process.info["pid"])
+    return found
+
+
+def test_ctrl_c_stops_the_trainer_and_its_ray_cluster(tmp_path):
+    """SIGINT once verl's trainer has started its Ray cluster: exit 130 and no trainer or Ray process is left."""
+    before = _ray_processes()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "500", "--output", str(tmp_path / "out")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not (_ray_processes() - before) and time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        time.sleep(1)
+    time.sleep(10)  # well inside Ray start-up and worker init
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-3000:]
+    assert "interrupted" in stderr
+    deadline = time.monotonic() + 30
+    while _ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not (_ray_processes() - before)
