@@ -10,6 +10,7 @@ Ray failed, 130 interrupted (the trainer and its Ray cluster stopped).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from verl_cppack.jobs.grpo import TRAINERS, GrpoSettings
@@ -19,7 +20,8 @@ EXIT_BAD_INPUT, EXIT_TRAINER_FAILED, EXIT_INTERRUPTED = 2, 3, 130
 
 def settings_from_args(args: argparse.Namespace) -> GrpoSettings:
     return GrpoSettings(
-        cp=args.cp, steps=args.steps, output=args.output, address=args.address, trainer=args.trainer,
+        cp=args.cp, steps=args.steps, output=args.output, address=args.address or os.environ.get("RAY_ADDRESS") or None,
+        trainer=args.trainer,
         seed=args.seed, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
         learning_rate=args.lr, overrides=tuple(args.overrides), verbose=args.verbose,
     )  # fmt: skip
@@ -70,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, default=defaults.steps, help=f"training steps (default {defaults.steps})")
     parser.add_argument("--output", default=defaults.output,
                         help=f"output directory (default {defaults.output}); a non-empty one gets a fresh run-* subdirectory")
-    parser.add_argument("--address", default=None, help="join this Ray cluster (HOST:PORT) instead of starting a local one")
+    parser.add_argument("--address", default=None, help="join this Ray cluster (HOST:PORT; default: RAY_ADDRESS if set) instead of starting a local one")
     parser.add_argument("--trainer", default=defaults.trainer, choices=sorted(TRAINERS),
                         help="verl's trainer: v1 (TransferQueue, verl 0.9.1's default) or v0 (RayPPOTrainer)")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of data order, rollout sampling and Megatron")

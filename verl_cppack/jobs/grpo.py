@@ -20,7 +20,7 @@ from typing import Any
 
 from verl_cppack.core.checks import require_int
 from verl_cppack.jobs.counting_task import ensure_counting_assets
-from verl_cppack.jobs.launcher import TrainerRun, run_trainer, summarize
+from verl_cppack.jobs.launcher import TrainerRun, ray_host_port, run_trainer, summarize
 from verl_cppack.jobs.output import Panel, fresh_output_dir, plot_panels
 from verl_cppack.jobs.trainer_config import (
     CpuRun,
@@ -58,6 +58,8 @@ class GrpoSettings:
             raise ValueError(f"trainer must be one of {sorted(TRAINERS)}, got {self.trainer!r}")
         if not (isinstance(self.learning_rate, float) and 0 < self.learning_rate < 1):
             raise ValueError(f"learning rate must be a float in (0, 1), got {self.learning_rate!r}")
+        if self.address is not None:
+            ray_host_port(self.address)
         bad = [o for o in self.overrides if "=" not in o or o.startswith("-")]
         if bad:
             raise ValueError(f"Hydra overrides must be KEY=VALUE, got {bad}")

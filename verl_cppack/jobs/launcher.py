@@ -82,15 +82,24 @@ def hydra_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def ray_host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a Ray head address, ``None`` for 'auto' or a ``ray://`` client address;
+    ``ValueError`` for anything else."""
+    if address == "auto" or address.startswith("ray://"):
+        return None
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--address must be HOST:PORT of a Ray head node (or 'auto'), got {address!r}")
+    return host, int(port)
+
+
 def check_ray_address(address: str) -> None:
     """Refuse an address where no Ray cluster answers, in bounded time (Ray itself retries for minutes)."""
-    if address == "auto" or address.startswith("ray://"):
+    host_port = ray_host_port(address)
+    if host_port is None:
         return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"--address must be HOST:PORT of a Ray head node (or 'auto'), got {address!r}")
     try:
-        with socket.create_connection((host, int(port)), timeout=ADDRESS_PROBE_TIMEOUT_S):
+        with socket.create_connection(host_port, timeout=ADDRESS_PROBE_TIMEOUT_S):
             pass
     except OSError as error:
         raise TrainerFailed(f"no Ray cluster answers at {address} ({error}); start one with `ray start --head`") from error
@@ -113,9 +122,12 @@ def run_trainer(run: TrainerRun, on_step: Callable[[dict[str, Any]], None]) -> l
             env={**os.environ, **run.environment()}, start_new_session=True,
         )  # fmt: skip
         follower = _LineFollower(run.verl_metrics_path)
+        trainer_output = _LineFollower(run.log_path) if run.verbose else None
         try:
             while True:
                 finished = child.poll() is not None
+                for line in trainer_output.new_lines() if trainer_output else ():
+                    print(line, file=sys.stderr, flush=True)
                 for line in follower.new_lines():
                     record = step_record(json.loads(line), run.cp)
                     writer.write(record)
