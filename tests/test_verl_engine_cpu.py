@@ -1,0 +1,278 @@
+"""verl's own Megatron engine on the host, without Ray: log-probs and one training step with the plugin.
+
+The engine is built exactly as verl's ``TrainingWorker.__init__`` builds it (``EngineRegistry.new`` with
+``HFModelConfig`` / ``McoreEngineConfig`` / ``McoreOptimizerConfig`` / ``CheckpointConfig``), with the CPU
+settings of ``shared/VERL_ON_CPU.md`` ("Config knobs"), in real gloo processes with ``VERL_PLATFORM=cpu`` set
+before verl is imported and ``verl_cppack.verl_plugin`` imported (verl_cppack's drop-ins plus the CPU fixes).
+The engine initialises Megatron's parallel state itself (``MegatronEngine._init_device_mesh``).
+
+The batch is what verl's trainer sends to ``compute_log_prob`` / ``update_actor``: left-padded prompts,
+right-padded responses of varying lengths (one of a single token), converted by verl's
+``left_right_2_no_padding``. Log-probs come back through verl's ``no_padding_2_padding``.
+
+Specified:
+- the engine's log-probs at CP=2 equal those at CP=1, and both equal ``log_softmax`` of the Hugging Face
+  ``LlamaForCausalLM`` logits at the response tokens (float32, <= 1e-5);
+- verl resolved ``preprocess_thd_engine`` / ``postprocess_thd_engine`` to verl_cppack's drop-ins (counted);
+- one ``train_batch`` step with verl's ``ppo_loss`` (low-variance KL on) gives a finite loss and grad norm,
+  changes the weights, and the grad norm at CP=2 equals the one at CP=1.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from tests.distributed import run_gloo
+
+pytest.importorskip("megatron.core")
+pytest.importorskip("verl")
+pytest.importorskip("mbridge")
+transformers = pytest.importorskip("transformers")
+
+from verl_cppack.jobs.counting_task import CountingAssets, ensure_counting_assets  # noqa: E402
+
+TOLERANCE = 1e-5
+GRAD_NORM_RELATIVE_TOLERANCE = 1e-4
+
+# Small enough for two cores; 2 layers so layer-to-layer state (RoPE, attention) is exercised.
+TINY = CountingAssets(hidden_size=32, intermediate_size=64, num_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, train_prompts=4, test_prompts=4)  # fmt: skip
+
+# (prompt, response) token ids; the prompt is left-padded to PROMPT_LENGTH, the response right-padded to
+# RESPONSE_LENGTH. Responses of one and of full length, prompts of one and of full length, a two-token sequence.
+PAD = 0
+PROMPT_LENGTH, RESPONSE_LENGTH = 6, 5
+SAMPLES = (
+    ([5, 6, 7], [8, 9, 10, 11]),
+    ([2], [3, 4]),
+    ([12, 13, 14, 15, 16, 17], [1]),
+    ([4, 4, 9, 2], [7, 7, 7, 7, 7]),
+    ([9], [10]),  # two tokens in all: shorter than one CP=2 slot (4)
+)
+
+
+def left_right_padded_batch() -> dict[str, torch.Tensor]:
+    """The tensors verl's trainer holds after rollout (``DataProto.batch``): left-padded prompts,
+    right-padded responses, attention/response masks and position ids counted over real tokens."""
+    batch = len(SAMPLES)
+    prompts = torch.full((batch, PROMPT_LENGTH), PAD)
+    responses = torch.full((batch, RESPONSE_LENGTH), PAD)
+    attention_mask = torch.zeros(batch, PROMPT_LENGTH + RESPONSE_LENGTH, dtype=torch.int64)
+    for row, (prompt, response) in enumerate(SAMPLES):
+        prompts[row, PROMPT_LENGTH - len(prompt) :] = torch.tensor(prompt)
+        responses[row, : len(response)] = torch.tensor(response)
+        attention_mask[row, PROMPT_LENGTH - len(prompt) : PROMPT_LENGTH + len(response)] = 1
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "response_mask": attention_mask[:, PROMPT_LENGTH:].clone(),
+    }
+
+
+def hf_response_log_probs(model_path: str) -> torch.Tensor:
+    """Reference: ``log_softmax`` of the Hugging Face model's logits at each response token, one unpadded
+    forward per sample, zero at response padding. [batch, RESPONSE_LENGTH]"""
+    model = transformers.LlamaForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).eval()
+    expected = torch.zeros(len(SAMPLES), RESPONSE_LENGTH)
+    with torch.no_grad():
+        for row, (prompt, response) in enumerate(SAMPLES):
+            logits = model(input_ids=torch.tensor([prompt + response])).logits[0]
+            log_probs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+            expected[row, : len(response)] = log_probs.gather(1, torch.tensor(response)[:, None])[:, 0]
+    return expected
+
+
+CPU_ENGINE_OVERRIDES = {  # shared/VERL_ON_CPU.md "Config knobs": no Transformer Engine, no CUDA fusions
+    "use_cpu_initialization": True,
+    "masked_softmax_fusion": False,
+    "apply_rope_fusion": False,
+    "bias_activation_fusion": False,
+    "bias_dropout_fusion": False,
+    "gradient_accumulation_fusion": False,
+    "persist_layer_norm": False,
+    "attention_backend": "auto",
+}
+KL_COEF, REF_OFFSET = 0.1, 0.05  # reference log-probs = old log-probs - REF_OFFSET
+ADVANTAGES = (1.0, -1.0, 1.0, -0.5, 2.0)  # one per sample, the same at every response token
+
+
+def run_engine(rank: int, world_size: int, model_path: str, context_parallel_size: int, count_dir: str) -> dict:
+    """One gloo rank: build verl's Megatron engine as ``TrainingWorker`` does, compute log-probs as the
+    trainer's ``_compute_ref_log_prob`` -> ``TrainingWorker.infer_batch`` does, then one ``train_batch``
+    with verl's ``ppo_loss`` as ``_update_actor`` -> ``train_mini_batch`` -> ``train_batch`` does."""
+    os.environ["VERL_PLATFORM"] = "cpu"  # before verl is imported
+    os.environ["VERL_CPPACK_CALL_COUNT_DIR"] = count_dir  # read before the drop-ins are installed
+    import verl_cppack.verl_plugin as plugin  # verl_cppack's drop-ins + the CPU fixes
+
+    from functools import partial
+
+    from megatron.core import parallel_state as mpu
+    from verl.trainer.config import CheckpointConfig
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import HFModelConfig, McoreActorConfig, McoreEngineConfig, McoreOptimizerConfig
+    from verl.workers.engine import EngineRegistry
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    from verl_cppack.integrations.verl import cpu
+
+    batch_size = len(SAMPLES)
+    model_config = HFModelConfig(path=model_path, use_remove_padding=True)
+    engine_config = McoreEngineConfig(
+        strategy="megatron",
+        dtype="float32",
+        use_mbridge=True,
+        vanilla_mbridge=True,
+        use_distributed_optimizer=False,
+        context_parallel_size=context_parallel_size,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=batch_size,
+        infer_micro_batch_size_per_gpu=batch_size,
+        override_transformer_config=dict(CPU_ENGINE_OVERRIDES),
+    )
+    optimizer_config = McoreOptimizerConfig(lr=1e-2, clip_grad=1.0, total_training_steps=1)
+    actor_config = McoreActorConfig(
+        strategy="megatron", rollout_n=1, ppo_mini_batch_size=batch_size, ppo_micro_batch_size_per_gpu=batch_size,
+        use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=KL_COEF, megatron=engine_config,
+        optim=optimizer_config,
+    )  # fmt: skip
+
+    # TrainingWorker.__init__ / reset()
+    engine_config.use_remove_padding = model_config.get("use_remove_padding", False)
+    model_config.model_type = "language_model"
+    engine = EngineRegistry.new(
+        model_type="language_model",
+        backend=engine_config.strategy,
+        model_config=model_config,
+        engine_config=engine_config,
+        optimizer_config=optimizer_config,
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+    outputs = engine.is_mp_src_rank_with_outputs()
+    attention = engine.module[0].module.decoder.layers[0].self_attention.core_attention
+
+    def trainer_batch(extra: dict[str, torch.Tensor], **meta) -> "TensorDict":  # noqa: F821
+        """``DataProto.to_tensordict()`` then ``left_right_2_no_padding``, plus the meta the trainer and
+        ``TrainingWorker`` attach (the rollout temperature, the engine's batching settings)."""
+        data = left_right_2_no_padding(tu.get_tensordict({**left_right_padded_batch(), **extra}))
+        tu.assign_non_tensor(
+            data, temperature=1.0, use_remove_padding=True, use_dynamic_bsz=False, micro_batch_size_per_gpu=batch_size,
+            max_token_len_per_gpu=None, use_fused_kernels=False, **meta,
+        )  # fmt: skip
+        return data
+
+    # _compute_ref_log_prob -> compute_ref_log_prob -> TrainingWorker.infer_batch
+    data = trainer_batch({}, calculate_entropy=False, compute_loss=False)
+    with engine.eval_mode():
+        output = engine.infer_batch(data, loss_function=None)
+    log_probs = no_padding_2_padding(output["model_output"]["log_probs"], data).float() if outputs else None
+
+    # _update_actor -> update_actor -> train_mini_batch -> TrainingWorker.train_batch, one mini-batch
+    old_log_probs = log_probs if outputs else torch.zeros(batch_size, RESPONSE_LENGTH)
+    torch.distributed.broadcast(old_log_probs, src=0)  # the trainer sends every rank the same batch
+    response_mask = left_right_padded_batch()["response_mask"].float()
+    advantages = torch.tensor(ADVANTAGES)[:, None] * response_mask
+    data = trainer_batch(
+        {"old_log_probs": old_log_probs, "ref_log_prob": old_log_probs - REF_OFFSET, "advantages": advantages},
+        calculate_entropy=False, compute_loss=True, global_batch_size=batch_size, distillation_use_topk=False,
+        distillation_only=False,
+    )  # fmt: skip
+    before = [parameter.detach().clone() for parameter in engine.module[0].parameters()]
+    with engine.train_mode():
+        result = engine.train_batch(data, loss_function=partial(ppo_loss, config=actor_config))
+    after = [parameter.detach() for parameter in engine.module[0].parameters()]
+    return {
+        "cp_world_size": mpu.get_context_parallel_world_size(),
+        "plugin": (plugin.INSTALLED, plugin.CPU_SUPPORT),
+        "fixes": {status.fix.name: status.state for status in cpu.report()},
+        "core_attention": f"{type(attention).__module__}.{type(attention).__name__}",
+        "log_probs": log_probs,
+        "loss": result["loss"] if outputs else None,
+        "grad_norm": float(result["metrics"]["grad_norm"]) if outputs else None,
+        "largest_weight_change": max((a - b).abs().max().item() for a, b in zip(after, before, strict=True)),
+        "unchanged_parameters": sum(bool(torch.equal(a, b)) for a, b in zip(after, before, strict=True)),
+    }
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> str:
+    return str(ensure_counting_assets(TINY, root=tmp_path_factory.mktemp("counting")).model)
+
+
+@pytest.fixture(scope="module")
+def runs(model_path, tmp_path_factory) -> dict[int, dict]:
+    """Per CP size: rank 0's results (the rank with outputs) plus every process's drop-in call counts."""
+    from verl_cppack.integrations.verl.call_counts import read_call_counts
+
+    results = {}
+    for context_parallel_size in (1, 2):
+        count_dir = tmp_path_factory.mktemp(f"calls_cp{context_parallel_size}")
+        ranks = run_gloo(run_engine, context_parallel_size, model_path, context_parallel_size, str(count_dir))
+        results[context_parallel_size] = {**ranks[0], "all_ranks": ranks, "calls": read_call_counts(count_dir)}
+    return results
+
+
+def test_engine_runs_on_the_host_with_the_plugin_and_every_cpu_fix_applied(runs):
+    """Built through verl's registry with ``VERL_PLATFORM=cpu``: the plugin installed verl_cppack's drop-ins and
+    armed the CPU fixes; every fix whose module verl loaded was applied (none refused); the engine initialised
+    Megatron with the asked CP size; attention is verl_cppack's core attention (local spec, no TE)."""
+    for context_parallel_size, run in runs.items():
+        for rank in run["all_ranks"]:
+            assert rank["plugin"] == (True, True)
+            assert rank["cp_world_size"] == context_parallel_size
+            assert "refused" not in rank["fixes"].values(), rank["fixes"]
+            for name in ("cpu-platform", "float32-engine-config", "megatron-engine-on-cpu", "clip-grads-on-host",
+                         "local-layer-spec", "local-layernorm-names"):  # fmt: skip
+                assert rank["fixes"][name] == "applied", (name, rank["fixes"])
+            assert rank["core_attention"].startswith("verl_cppack.attention."), rank["core_attention"]
+
+
+def test_log_probs_at_cp2_equal_cp1_and_the_hugging_face_model(runs, model_path):
+    """Packed THD log-probs of the response tokens from verl's engine: CP=2 == CP=1 == log_softmax of
+    ``LlamaForCausalLM`` logits (float32, <= 1e-5), including a one-token response and a two-token sequence;
+    response padding is zero."""
+    expected = hf_response_log_probs(model_path)
+    cp1, cp2 = runs[1]["log_probs"], runs[2]["log_probs"]
+    assert cp1.shape == cp2.shape == expected.shape == (len(SAMPLES), RESPONSE_LENGTH)
+    torch.testing.assert_close(cp2, cp1, rtol=0, atol=TOLERANCE)
+    torch.testing.assert_close(cp1, expected, rtol=0, atol=TOLERANCE)
+    torch.testing.assert_close(cp2, expected, rtol=0, atol=TOLERANCE)
+    assert (expected != 0).sum() == sum(len(response) for _, response in SAMPLES)  # no real token was zero
+
+
+def test_verl_called_verl_cppack_dropins(runs):
+    """verl's engine resolved ``preprocess_thd_engine`` / ``postprocess_thd_engine`` to verl_cppack's drop-ins:
+    each CP rank calls them for the log-prob pass and the training step."""
+    for context_parallel_size, run in runs.items():
+        calls = run["calls"]
+        assert calls.get("preprocess_thd_engine", 0) >= 2 * context_parallel_size, calls
+        assert calls.get("postprocess_thd_engine", 0) >= 2 * context_parallel_size, calls
+
+
+def test_one_train_batch_step_with_ppo_loss(runs):
+    """One ``train_batch`` with verl's ``ppo_loss`` (old log-probs = current ones, so the ratio is 1; low-variance
+    KL against reference log-probs 0.05 lower): the loss is -token-mean(advantage) + coef * low_var_kl(-0.05),
+    the grad norm is finite and positive, every parameter moved (Adam's first step is about lr), and CP=2 gives
+    CP=1's loss and grad norm (<= 1e-4 relative)."""
+    response_lengths = [len(response) for _, response in SAMPLES]
+    token_mean_advantage = sum(a * n for a, n in zip(ADVANTAGES, response_lengths)) / sum(response_lengths)
+    kl = -REF_OFFSET  # ref - log_prob
+    low_var_kl = math.exp(kl) - kl - 1
+    expected_loss = -token_mean_advantage + KL_COEF * low_var_kl
+    for run in runs.values():
+        assert sum(run["loss"]) == pytest.approx(expected_loss, abs=1e-6)
+        assert math.isfinite(run["grad_norm"]) and run["grad_norm"] > 0
+        for rank in run["all_ranks"]:
+            assert rank["unchanged_parameters"] == 0
+            assert 0.5e-2 < rank["largest_weight_change"] < 2e-2  # lr = 1e-2
+    assert runs[2]["grad_norm"] == pytest.approx(runs[1]["grad_norm"], rel=GRAD_NORM_RELATIVE_TOLERANCE)
+    assert sum(runs[2]["loss"]) == pytest.approx(sum(runs[1]["loss"]), abs=1e-7)
