@@ -102,18 +102,33 @@ def test_nested_unpack_returns_the_sequences_on_every_rank():
 
 
 def _wrong_group(rank, world_size):
-    ctx = ParallelContext(cp_size=world_size, cp_rank=1 - rank, cp_group=dist.group.WORLD)
-    plan = plan_from_mask(torch.ones(2, 4, dtype=torch.bool), ctx)
-    try:
-        plan.unpack(plan.pack(torch.ones(2, 4)))
-    except ValueError as error:
-        return str(error)
-    return None
+    from verl_cppack import pack_documents
+
+    messages = []
+    wrong = [
+        ParallelContext(cp_size=world_size, cp_rank=1 - rank, cp_group=dist.group.WORLD),  # another rank
+        ParallelContext(cp_size=4, cp_rank=rank, cp_group=dist.group.WORLD),  # the group has 2 ranks
+        ParallelContext(cp_size=1, cp_rank=0, cp_group=dist.group.WORLD),
+    ]
+    builders = [
+        lambda ctx: plan_from_mask(torch.ones(2, 4, dtype=torch.bool), ctx),
+        lambda ctx: pack_documents(torch.ones(2, 8, dtype=torch.long), eod_id=2, pad_id=0, ctx=ctx),
+    ]
+    for ctx in wrong:
+        for build in builders:
+            try:
+                build(ctx)  # caught when the plan is built, before any collective
+                messages.append(None)
+            except ValueError as error:
+                messages.append(str(error))
+    return messages
 
 
-def test_mismatched_group_and_rank_is_a_clear_error():
-    for message in run_gloo(_wrong_group, 2):
-        assert message is not None and "cp_rank" in message
+def test_mismatched_group_and_rank_is_a_clear_error_when_the_plan_is_built():
+    for messages in run_gloo(_wrong_group, 2):
+        assert len(messages) == 6
+        for message in messages:
+            assert message is not None and "ctx.cp_group has size 2" in message
 
 
 def _gather_with_zero_rows(rank, world_size, gradient):

@@ -130,3 +130,71 @@ def test_empty_rows_are_fine_when_some_row_has_tokens():
     plan = plan_from_mask(torch.tensor([[0, 0, 0], [0, 1, 0]]), CP2)
     assert plan.seqlens.tolist() == [0, 1]
     assert plan.cu_seqlens_padded.tolist() == [0, 0, 4]
+
+
+def test_layout_must_be_a_name_or_a_layout():
+    with pytest.raises(TypeError, match=r"layout must be one of \['contiguous', 'zigzag'\] \(a str\) or a Layout, got list"):
+        plan_from_mask(torch.ones(2, 4, dtype=torch.bool), layout=["zigzag"])
+    with pytest.raises(ValueError, match="layout must be one of"):
+        plan_from_mask(torch.ones(2, 4, dtype=torch.bool), layout="ring")
+
+
+def test_restore_takes_every_ranks_output_as_a_list():
+    plan = plan_from_mask(torch.ones(2, 4, dtype=torch.bool), CP2)
+    with pytest.raises(TypeError, match="restore takes a list of every CP rank's"):
+        plan.restore(torch.ones(1, 4))  # a tensor's rows are not ranks
+    with pytest.raises(ValueError, match=r"local_outputs\[1\] must have shape \[1, T_local, \*\]"):
+        plan.restore([torch.ones(1, 4), torch.ones(1, 3)])
+    with pytest.raises(ValueError, match="same dtype"):
+        plan.restore([torch.ones(1, 4), torch.ones(1, 4, dtype=torch.long)])
+
+
+def test_errors_name_the_argument_the_caller_passed():
+    plan = plan_from_mask(torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^input_ids must have shape \[B, S, \*\]"):
+        plan.pack(torch.ones(3, 4), name="input_ids")
+    with pytest.raises(ValueError, match=r"^output must have shape \[1, T_local, \*\]"):
+        plan.unpack(torch.ones(1, 5), name="output")
+    with pytest.raises(TypeError, match="^output must be a torch.Tensor"):
+        plan.unpack_nested([1.0], name="output")
+
+
+def test_all_gather_rank_major_arguments():
+    from verl_cppack.collectives.gather import all_gather_rank_major
+
+    local = torch.ones(3, 2)
+    with pytest.raises(ValueError, match="zero_rows must be >= 0, got -1"):
+        all_gather_rank_major(local, ParallelContext(), zero_rows=-1)
+    with pytest.raises(TypeError, match="ctx must be a ParallelContext .* got NoneType"):
+        all_gather_rank_major(local, None)
+    with pytest.raises(TypeError, match="local must be a torch.Tensor"):
+        all_gather_rank_major([1.0], ParallelContext())
+    assert torch.equal(all_gather_rank_major(local, ParallelContext(), zero_rows=2), torch.cat([local, torch.zeros(2, 2)]))
+
+
+@pytest.mark.parametrize("group", ["world", 0, object()])
+def test_cp_group_must_be_a_process_group(group):
+    with pytest.raises(TypeError, match="cp_group must be a torch.distributed.ProcessGroup or None"):
+        ParallelContext(cp_size=2, cp_group=group)
+
+
+def test_document_ids_outside_the_documents_are_refused():
+    from verl_cppack.loss.document_mean import document_mean_loss
+
+    losses, mask = torch.ones(1, 4), torch.ones(1, 4, dtype=torch.bool)
+    for ids in ([[0, 1, 2, 1]], [[0, -1, 1, 1]]):
+        with pytest.raises(ValueError, match=r"document_ids must lie in \[0, num_documents\) = \[0, 2\)"):
+            document_mean_loss(losses, mask, torch.tensor(ids), 2)
+    assert document_mean_loss(losses * torch.tensor([[1.0, 3.0, 3.0, 3.0]]), mask, torch.tensor([[0, 1, 1, 1]]), 2).value == 2.0
+
+
+def test_a_jagged_view_with_holes_is_planned_and_packed_by_its_real_lengths():
+    """torch.nested.narrow keeps the base's offsets: lengths() [2, 3, 5, 1] differ from offsets().diff()."""
+    base = torch.arange(40).view(4, 10)
+    view = torch.nested.narrow(base, 1, torch.tensor([0, 1, 2, 3]), torch.tensor([2, 3, 5, 1]), layout=torch.jagged)
+    assert view.offsets().diff().tolist() != [2, 3, 5, 1]
+    plan = plan_from_nested(view)
+    assert plan.seqlens.tolist() == [2, 3, 5, 1]
+    expected = [0, 1, 11, 12, 13, 22, 23, 24, 25, 26, 33]  # base[i, start_i : start_i + length_i]
+    assert plan.pack(view).view(-1).tolist() == expected
+    assert [row.tolist() for row in plan.unpack(plan.pack(view)).unbind()] == [[0, 1], [11, 12, 13], [22, 23, 24, 25, 26], [33]]

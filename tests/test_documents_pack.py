@@ -294,3 +294,14 @@ def test_labels_never_cross_a_document_and_follow_the_oracle(rows, cp_size, tp_s
                 else:
                     assert not mask[0, t] and labels[0, t] == PAD
     assert sorted(seen) == sorted(document_of)  # every token packed exactly once over the CP ranks
+
+
+@pytest.mark.parametrize("cp_size", [1, 2])
+def test_tokens_of_any_strides_pack_as_their_contiguous_copy(cp_size):
+    """A transposed (non-contiguous) batch packs like the same values laid out contiguously."""
+    base = torch.tensor([[1, 5, 7, 2], [3, EOD, PAD, 4], [EOD, 6, PAD, EOD], [2, 2, PAD, 9], [8, EOD, PAD, PAD]])
+    tokens = base.t()  # [4, 5], strides (1, 4)
+    assert not tokens.is_contiguous()
+    for got, want in zip(pack_all_ranks(tokens, cp_size), pack_all_ranks(tokens.contiguous(), cp_size)):
+        for name in ("tokens", "labels", "loss_mask", "position_ids", "document_ids", "cu_seqlens_padded"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name

@@ -35,6 +35,30 @@ class ParallelContext:
             raise ValueError(
                 f"cp_rank must satisfy 0 <= cp_rank < cp_size, got cp_rank={self.cp_rank}, cp_size={self.cp_size}"
             )
+        if self.cp_group is not None:
+            import torch.distributed as dist
+
+            if not dist.is_available() or not isinstance(self.cp_group, dist.ProcessGroup):
+                raise TypeError(
+                    f"cp_group must be a torch.distributed.ProcessGroup or None, got {type(self.cp_group).__name__} "
+                    f"({self.cp_group!r}); e.g. torch.distributed.group.WORLD after init_process_group"
+                )
+
+    def check_group(self) -> None:
+        """``ValueError`` unless ``cp_group`` has ``cp_size`` ranks with this process at ``cp_rank`` (checked
+        when a group is set and torch.distributed is initialised; a few microseconds, no communication)."""
+        if self.cp_group is None:
+            return
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return
+        group_size, group_rank = dist.get_world_size(self.cp_group), dist.get_rank(self.cp_group)
+        if group_size != self.cp_size or group_rank != self.cp_rank:
+            raise ValueError(
+                f"ctx.cp_group has size {group_size} and this process is its rank {group_rank}, but ctx says "
+                f"cp_size={self.cp_size}, cp_rank={self.cp_rank}; build the context from the same group"
+            )
 
     @classmethod
     def from_megatron(cls) -> "ParallelContext":

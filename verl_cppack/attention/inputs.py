@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from verl_cppack.core.checks import require_integer_tensor, require_tensor
+from verl_cppack.core.checks import OFFSET_DTYPES, require_integer_tensor, require_tensor
 
 
 def check_qkv(q: object, k: object, v: object) -> None:
@@ -24,11 +24,11 @@ def check_qkv(q: object, k: object, v: object) -> None:
 
 
 def check_offsets(cu_seqlens_padded: object, cu_seqlens: object, device: torch.device) -> None:
-    require_integer_tensor("cu_seqlens_padded", cu_seqlens_padded, ndim=1)
+    require_integer_tensor("cu_seqlens_padded", cu_seqlens_padded, ndim=1, dtypes=OFFSET_DTYPES)
     if cu_seqlens_padded.numel() < 2:
         raise ValueError("cu_seqlens_padded needs at least 2 entries ([0, total])")
     if cu_seqlens is not None:
-        require_integer_tensor("cu_seqlens", cu_seqlens, ndim=1)
+        require_integer_tensor("cu_seqlens", cu_seqlens, ndim=1, dtypes=OFFSET_DTYPES)
         if cu_seqlens.shape != cu_seqlens_padded.shape:
             raise ValueError(
                 f"cu_seqlens {tuple(cu_seqlens.shape)} and cu_seqlens_padded {tuple(cu_seqlens_padded.shape)} "

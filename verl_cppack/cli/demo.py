@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -37,6 +38,10 @@ def describe(cp_size: int, layout: str, tp_size: int = 1) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag, value in (("--cp", args.cp), ("--tp", args.tp)):
+        if value < 1:
+            print(f"error: {flag} must be >= 1, got {value}", file=sys.stderr)
+            return 2
     for cp_size, layout in ((1, "zigzag"), (args.cp, "zigzag"), (args.cp, "contiguous")):
         print("\n".join(describe(cp_size, layout, args.tp)))
     return 0

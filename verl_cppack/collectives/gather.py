@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from verl_cppack.context import ParallelContext
+from verl_cppack.core.checks import require_context, require_int, require_tensor
 
 GradientContract = Literal["local", "sum"]
 
@@ -20,13 +21,7 @@ def _check_group(ctx: ParallelContext) -> None:
         )
     if not dist.is_initialized():
         raise ValueError("cp_size > 1 needs an initialised torch.distributed process group")
-    group_size = dist.get_world_size(ctx.cp_group)
-    group_rank = dist.get_rank(ctx.cp_group)
-    if group_size != ctx.cp_size or group_rank != ctx.cp_rank:
-        raise ValueError(
-            f"ctx.cp_group has size {group_size} and this process is its rank {group_rank}, but ctx says "
-            f"cp_size={ctx.cp_size}, cp_rank={ctx.cp_rank}; build the context from the same group"
-        )
+    ctx.check_group()
 
 
 class _AllGatherRankMajor(torch.autograd.Function):
@@ -62,8 +57,13 @@ def all_gather_rank_major(
     incoming gradients are summed over the CP group first; it is ``cp_size`` times the other when every
     rank computes the same loss.
     """
+    local = require_tensor("local", local)
+    require_context(ctx, allow_none=False)
     if gradient not in ("local", "sum"):
         raise ValueError(f"gradient must be 'local' or 'sum', got {gradient!r}")
+    require_int("zero_rows", zero_rows, minimum=0)
+    if local.dim() < 1:
+        raise ValueError(f"local must be [T_local, *] (at least 1-D), got shape {tuple(local.shape)}")
     if ctx.cp_size == 1:
         return torch.cat([local, local.new_zeros((zero_rows, *local.shape[1:]))]) if zero_rows else local
     _check_group(ctx)

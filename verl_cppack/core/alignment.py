@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from verl_cppack.core.checks import require_int
+from verl_cppack.core.checks import require_int, require_stream_int
 
 # Transformer Engine's FP8 GEMMs need token counts that are multiples of 16 per slot; verl also
 # extends the last slot so the stream total is a multiple of (base alignment * 128).
@@ -30,9 +30,10 @@ class Alignment:
     min_stream_length: int = 0
 
     def __post_init__(self) -> None:
-        require_int("slot_multiple", self.slot_multiple, minimum=1)
-        require_int("stream_multiple", self.stream_multiple, minimum=1)
-        require_int("min_stream_length", self.min_stream_length, minimum=0)
+        # Bounded before any arithmetic: with lengths and multiples below 2**31, padding never overflows int64.
+        require_stream_int("slot_multiple", self.slot_multiple, minimum=1)
+        require_stream_int("stream_multiple", self.stream_multiple, minimum=1)
+        require_stream_int("min_stream_length", self.min_stream_length, minimum=0)
         if self.stream_multiple % self.slot_multiple:
             raise ValueError(
                 f"stream_multiple ({self.stream_multiple}) must be a multiple of slot_multiple "
@@ -59,8 +60,8 @@ class Alignment:
         )
 
     def pad(self, seqlens: np.ndarray) -> np.ndarray:
-        """``seqlens`` [n] (host, integer) -> padded slot lengths [n] int64; the stream extension goes to the
-        last slot."""
+        """``seqlens`` [n] (host, integer, their total below ``2**31``) -> padded slot lengths [n] int64; the
+        stream extension goes to the last slot."""
         seqlens = np.asarray(seqlens, dtype=np.int64)
         multiple = self.slot_multiple
         slot_lengths = -(-seqlens // multiple) * multiple

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+if TYPE_CHECKING:
+    from verl_cppack.context import ParallelContext
+
 _INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+OFFSET_DTYPES = (torch.int32, torch.int64)  # what cumulative offsets (cu_seqlens) may be: they hold stream totals
+# THD offsets are int32 (Transformer Engine, Megatron): every length, multiple and total stays below this.
+MAX_STREAM_POSITIONS = 2**31
 
 
 def require_tensor(name: str, value: object) -> torch.Tensor:
@@ -13,36 +21,114 @@ def require_tensor(name: str, value: object) -> torch.Tensor:
     return value
 
 
-def require_integer_tensor(name: str, value: object, ndim: int | None = None) -> torch.Tensor:
+def require_integer_tensor(
+    name: str, value: object, ndim: int | None = None, dtypes: tuple[torch.dtype, ...] = _INTEGER_DTYPES
+) -> torch.Tensor:
     tensor = require_tensor(name, value)
-    if tensor.dtype not in _INTEGER_DTYPES:
-        raise TypeError(f"{name} must be an integer tensor (int32 or int64), got dtype {tensor.dtype}")
+    if tensor.dtype not in dtypes:
+        raise TypeError(
+            f"{name} must be an integer tensor of dtype {' or '.join(str(d).removeprefix('torch.') for d in dtypes)}"
+            f", got dtype {tensor.dtype}"
+        )
     if ndim is not None and tensor.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(tensor.shape)}")
     return tensor
 
 
-def require_int(name: str, value: object, minimum: int = 0) -> int:
+def require_int(name: str, value: object, minimum: int = 0, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return value
 
 
+def require_stream_int(name: str, value: object, minimum: int = 0) -> int:
+    """An int that counts stream positions: below ``2**31``, as THD offsets are int32."""
+    require_int(name, value, minimum)
+    if value >= MAX_STREAM_POSITIONS:
+        raise ValueError(
+            f"{name} must be < 2**31 (THD offsets are int32, no packed stream is that long), got {value}"
+        )
+    return value
+
+
+def require_context(value: object, name: str = "ctx", allow_none: bool = True) -> "ParallelContext":
+    """A ``ParallelContext``; ``None`` is the default context (no parallelism) where ``allow_none``."""
+    from verl_cppack.context import ParallelContext
+
+    if value is None and allow_none:
+        return ParallelContext()
+    if not isinstance(value, ParallelContext):
+        raise TypeError(
+            f"{name} must be a ParallelContext (e.g. ParallelContext(cp_size=2, cp_rank=r, cp_group=group)), "
+            f"got {type(value).__name__}"
+        )
+    return value
+
+
+def require_token_id(name: str, value: object, dtype: torch.dtype) -> int:
+    """A token id that a tensor of ``dtype`` can hold (otherwise comparisons would match a wrapped value)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int token id, got {type(value).__name__} ({value!r})")
+    info = torch.iinfo(dtype)
+    if not info.min <= value <= info.max:
+        raise ValueError(
+            f"{name}={value} does not fit the tokens' dtype {dtype} ({info.min}..{info.max}); pass an id the tokens "
+            "can hold, or tokens of a wider dtype"
+        )
+    return value
+
+
+def require_jagged(name: str, value: object) -> torch.Tensor:
+    """A jagged nested tensor whose sequences fill its values one after another.
+
+    A view with holes (``torch.nested.narrow``: ``lengths()`` differ from ``offsets().diff()``) is copied into
+    that form (``.contiguous()``), so its real lengths are the ones used.
+    """
+    tensor = require_tensor(name, value)
+    if not tensor.is_nested or tensor.layout != torch.jagged:
+        raise TypeError(
+            f"{name} must be a jagged nested tensor [B, j, *] (torch.nested.nested_tensor(..., layout=torch.jagged))"
+        )
+    return tensor.contiguous() if tensor.lengths() is not None else tensor
+
+
+def require_true(condition: torch.Tensor, message: str) -> None:
+    """Raise ``ValueError(message)`` unless the bool tensor ``condition`` is True, without a host sync.
+
+    On the CPU the value is read (nothing to wait for). On an accelerator the check is queued on the device
+    (``torch._assert_async``): no sync, and a False stops the process with a device-side assertion when
+    it runs — loud, never a silently wrong result.
+    """
+    if condition.device.type == "cpu":
+        if not bool(condition):
+            raise ValueError(message)
+    else:
+        torch._assert_async(condition, message)
+
+
 def check_cu_seqlens_padded(cu_seqlens_padded: object, slot_divisor: int) -> tuple[torch.Tensor, int]:
-    """Validate cumulative padded offsets: integer, 1-D, starts at 0, non-decreasing, slots divisible.
+    """Validate cumulative padded offsets: int32/int64, 1-D, starts at 0, non-decreasing, slots divisible.
 
     Returns the offsets and the stream total. Costs one device->host sync (the values are inspected); used by public helpers, not by plans,
     whose offsets are correct by construction.
     """
-    cu = require_integer_tensor("cu_seqlens_padded", cu_seqlens_padded, ndim=1)
+    cu = require_integer_tensor("cu_seqlens_padded", cu_seqlens_padded, ndim=1, dtypes=OFFSET_DTYPES)
     if cu.numel() < 2:
         raise ValueError(f"cu_seqlens_padded needs at least 2 entries ([0, total]), got {cu.numel()}")
-    slot_lengths = cu[1:] - cu[:-1]
-    first, total, decreasing, indivisible = torch.stack(
-        [cu[0].long(), cu[-1].long(), (slot_lengths < 0).sum().long(), (slot_lengths % slot_divisor != 0).sum().long()]
+    wide = cu.long()  # differences of int32 offsets can overflow int32; of values in [0, 2**31), never int64
+    slot_lengths = wide[1:] - wide[:-1]
+    first, total, outside, decreasing, indivisible = torch.stack(
+        [wide[0], wide[-1], ((wide < 0) | (wide >= MAX_STREAM_POSITIONS)).sum(), (slot_lengths < 0).sum(),
+         (slot_lengths % slot_divisor != 0).sum()]
     ).tolist()
+    if outside:
+        raise ValueError(
+            f"cu_seqlens_padded values must lie in [0, 2**31) (THD offsets are int32); {outside} entries do not"
+        )
     if first != 0:
         raise ValueError(f"cu_seqlens_padded must start at 0, got {first}")
     if decreasing:

@@ -152,6 +152,8 @@ _LAYOUTS: dict[str, Layout] = {"zigzag": ZigzagLayout(), "contiguous": Contiguou
 def get_layout(layout: LayoutName | Layout) -> Layout:
     if isinstance(layout, Layout):
         return layout
+    if not isinstance(layout, str):
+        raise TypeError(f"layout must be one of {sorted(_LAYOUTS)} (a str) or a Layout, got {type(layout).__name__} ({layout!r})")
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
     return _LAYOUTS[layout]

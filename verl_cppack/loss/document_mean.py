@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from verl_cppack.context import ParallelContext
-from verl_cppack.core.checks import require_int, require_integer_tensor
+from verl_cppack.core.checks import require_context, require_int, require_integer_tensor, require_true
 from verl_cppack.loss.reduce import (
     OnEmpty,
     ReducedLoss,
@@ -45,7 +45,7 @@ def document_mean_loss(
     has a loss token).
     """
     check_on_empty(on_empty)
-    ctx = ParallelContext() if ctx is None else ctx
+    ctx = require_context(ctx)
     require_int("num_documents", num_documents, minimum=1)
     losses, mask = check_per_token(per_token_loss, loss_mask)  # [T_local] each
     document_ids = require_integer_tensor("document_ids", document_ids)
@@ -55,6 +55,11 @@ def document_mean_loss(
             f"{tuple(per_token_loss.shape)}"
         )
     documents = document_ids.reshape(-1).long()  # [T_local]
+    require_true(  # on an accelerator an asynchronous device assertion (no sync)
+        ((documents >= 0) & (documents < num_documents)).all(),
+        f"document_ids must lie in [0, num_documents) = [0, {num_documents}); pass the ids and count of the same "
+        "PackedDocuments (docs.document_ids, docs.num_documents)",
+    )
 
     kept = torch.where(mask, losses.to(accumulation_dtype(losses.dtype)), 0)  # [T_local]
     local_sums = kept.new_zeros(num_documents).scatter_add(0, documents, kept)  # [D] differentiable

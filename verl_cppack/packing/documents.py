@@ -21,7 +21,7 @@ import torch
 
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import FP8_STREAM_FACTOR, Alignment
-from verl_cppack.core.checks import require_int, require_integer_tensor
+from verl_cppack.core.checks import require_context, require_int, require_integer_tensor, require_token_id
 from verl_cppack.core.layouts import Layout, LayoutName, get_layout
 from verl_cppack.integrations.megatron_pipeline import WholeBatch, packed_seq_params_with_valid_tokens
 from verl_cppack.packing.plan import PackPlan, build_plan, resolve_policy
@@ -116,9 +116,9 @@ def segment_documents(
     ends_document = (tokens == eod_id) | ~valid  # [B, S]: an EOD, or a PAD (which ends the run before it)
     follows_end = torch.ones_like(valid)
     follows_end[:, 1:] = ends_document[:, :-1]  # [B, S]: row start, or the previous token ended a document
-    starts_document = (valid & follows_end).view(-1)  # [B*S]
+    starts_document = (valid & follows_end).reshape(-1)  # [B*S] (tokens of any strides)
     document = (torch.cumsum(starts_document, dim=0) - 1).clamp(min=0)  # [B*S] id of the last document started
-    lengths = torch.zeros_like(document).scatter_add_(0, document, valid.view(-1).long())  # [B*S]
+    lengths = torch.zeros_like(document).scatter_add_(0, document, valid.reshape(-1).long())  # [B*S]
     capacity = document.numel()
     starts = torch.zeros(capacity + 1, dtype=torch.long, device=tokens.device)  # one sink slot for non-starts
     starts.index_copy_(0, torch.where(starts_document, document, capacity), torch.arange(capacity, device=tokens.device))
@@ -152,9 +152,7 @@ def plan_documents(
 ) -> PackPlan:
     """The documents plan of ``tokens`` [B, S] (see ``pack_documents`` for the arguments)."""
     _check_tokens(tokens, eod_id, pad_id)
-    ctx = ParallelContext() if ctx is None else ctx
-    if not isinstance(ctx, ParallelContext):
-        raise TypeError(f"ctx must be a ParallelContext, got {type(ctx).__name__}")
+    ctx = require_context(ctx)
     if fp8 and alignment is not None:
         raise ValueError("pass either fp8=True (the layout's FP8 alignment) or an explicit alignment, not both")
     layout_ = get_layout(layout)
@@ -226,8 +224,7 @@ def _check_tokens(tokens: object, eod_id: object, pad_id: object) -> None:
     if tokens.is_nested or tokens.dim() != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
         raise ValueError(f"tokens must be a [B, S] tensor with B >= 1 and S >= 1, got shape {tuple(tokens.shape)}")
     for name, value in (("eod_id", eod_id), ("pad_id", pad_id)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int token id, got {type(value).__name__} ({value!r})")
+        require_token_id(name, value, tokens.dtype)
     if eod_id == pad_id:
         raise ValueError(
             f"eod_id and pad_id are both {eod_id}: a document end and padding must be different tokens "

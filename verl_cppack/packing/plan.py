@@ -43,7 +43,13 @@ from verl_cppack.context import ParallelContext
 from verl_cppack.core import host
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.blocks import BlockGather, block_copy
-from verl_cppack.core.checks import require_int, require_tensor
+from verl_cppack.core.checks import (
+    MAX_STREAM_POSITIONS,
+    require_context,
+    require_jagged,
+    require_stream_int,
+    require_tensor,
+)
 from verl_cppack.core.layouts import Layout, LayoutName, Runs, get_layout
 from verl_cppack.core.runs import linear_runs, repeat_runs, run_offsets, run_starts
 
@@ -95,7 +101,7 @@ class PackPlan:
     token_rows: torch.Tensor | None  # [N] int64 source row of each token in stream order; None: token space = source
     _local_packings: dict = field(default_factory=dict, init=False, repr=False)  # (shift, wrap) -> _LocalPacking
     _copy_backs: dict = field(default_factory=dict, init=False, repr=False)  # token space? -> BlockGather
-    _packed_seq_params_arguments: dict = field(default_factory=dict, init=False, repr=False)  # real? -> (cls, kwargs)
+    _packed_seq_params_arguments: dict = field(default_factory=dict, init=False, repr=False)  # (real?, class) -> (cls, kwargs)
 
     @property
     def source_rows(self) -> int:
@@ -210,75 +216,96 @@ class PackPlan:
         return _Pieces(first.reshape(-1), piece_length.reshape(-1), has_target, runs.total)
 
     # ------------------------------------------------------------------ pack
-    def pack(self, x: torch.Tensor, *, shift: int = 0, wrap: bool = False) -> torch.Tensor:
+    def pack(self, x: torch.Tensor, *, shift: int = 0, wrap: bool = False, name: str = "x") -> torch.Tensor:
         """``x`` (``[B, S, *]`` or jagged ``[B, j, *]``, any dtype) -> ``[1, T_local, *]``, zeros at padding.
 
         ``shift=k`` packs, at each position, the token ``k`` places later *in the same sequence* (labels
         for ``k=1``, multi-token-prediction targets for ``k>1``), taken on the global stream before the CP
         cut; positions whose target lies past the sequence end get zero (see ``target_mask``). With
-        ``wrap=True`` the target wraps around inside the sequence instead (verl's ``need_roll``).
+        ``wrap=True`` the target wraps around inside the sequence instead (verl's ``need_roll``). Every dtype is
+        copied as is (those the index kernels lack, e.g. float8, as same-size integers). ``name``: what errors
+        call ``x``.
         """
-        require_int("shift", shift, minimum=0)
-        return self._local_packing(shift, wrap).gather.gather(self._source_rows(x)).unsqueeze(0)
+        require_stream_int("shift", shift)
+        rows = self._source_rows(x, name)
+        return _as_dtype(self._local_packing(shift, wrap).gather.gather(_copyable(rows)), rows.dtype).unsqueeze(0)
 
     def target_mask(self, shift: int = 1, wrap: bool = False) -> torch.Tensor:
         """``[1, T_local]`` bool: positions whose shifted target (see ``pack``) is a real token."""
-        require_int("shift", shift, minimum=0)
+        require_stream_int("shift", shift)
         return self._local_packing(shift, wrap).target_flags.unsqueeze(0)
 
-    def _source_rows(self, x: torch.Tensor) -> torch.Tensor:
-        require_tensor("x", x)
+    def _source_rows(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        require_tensor(name, x)
         if x.device != self.device:
-            raise ValueError(f"x is on {x.device} but the plan was built on {self.device}; move one")
+            raise ValueError(f"{name} is on {x.device} but the plan was built on {self.device}; move one")
         if self.source_shape is None:
             if not x.is_nested:
-                raise TypeError("this plan was built from sequence lengths: pass a jagged nested tensor")
+                raise TypeError(f"this plan was built from sequence lengths: pass {name} as a jagged nested tensor")
+            x = require_jagged(name, x)
             values = x.values()
             if x.size(0) != self.batch_size or values.shape[0] != self.num_valid_tokens:
                 raise ValueError(
-                    f"nested x has {x.size(0)} sequences / {values.shape[0]} tokens, the plan expects "
+                    f"nested {name} has {x.size(0)} sequences / {values.shape[0]} tokens, the plan expects "
                     f"{self.batch_size} / {self.num_valid_tokens}; build a plan from this tensor's offsets"
                 )
             return values
         if x.is_nested:
-            raise TypeError("this plan was built from a [B, S] batch: pass a padded [B, S, *] tensor")
+            raise TypeError(f"this plan was built from a [B, S] batch: pass {name} as a padded [B, S, *] tensor")
         if x.dim() < 2 or tuple(x.shape[:2]) != self.source_shape:
             raise ValueError(
-                f"x must have shape [B, S, *] = [{self.source_shape[0]}, {self.source_shape[1]}, *] like the "
+                f"{name} must have shape [B, S, *] = [{self.source_shape[0]}, {self.source_shape[1]}, *] like the "
                 f"batch the plan was built from, got {tuple(x.shape)}"
             )
         return x.reshape(self.source_rows, *x.shape[2:])
 
     # ---------------------------------------------------------------- unpack
-    def unpack(self, y_local: torch.Tensor, *, gradient: GradientContract = "local") -> torch.Tensor:
+    def unpack(self, y_local: torch.Tensor, *, gradient: GradientContract = "local", name: str = "y_local") -> torch.Tensor:
         """This rank's ``[1, T_local, *]`` output -> the full batch on every CP rank.
 
         Padded-source plans return ``[B, S, *]``, jagged-source plans a jagged nested tensor. Padding is
         zero, the dtype is kept. The all-gather runs over ``ctx.cp_group``; with ``gradient="local"``
-        (verl's contract) only this rank's chunk receives gradient, see ``all_gather_rank_major``.
+        (verl's contract) only this rank's chunk receives gradient, see ``all_gather_rank_major``. Every dtype is
+        copied as is, as in ``pack``. ``name``: what errors call ``y_local``.
         """
-        return self._to_source_layout(self._gather_back(self._check_local(y_local), gradient, token_order=False))
+        local = self._check_local(y_local, name)
+        rows = self._gather_back(_copyable(local), gradient, token_order=False)
+        return self._to_source_layout(_as_dtype(rows, local.dtype))
 
     def restore(self, local_outputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """Pure, no process group: every rank's ``[1, T_local, *]`` output (rank order) -> what ``unpack`` returns."""
+        if isinstance(local_outputs, torch.Tensor) or not isinstance(local_outputs, Sequence):
+            raise TypeError(
+                f"restore takes a list of every CP rank's [1, T_local, *] output ({self.ctx.cp_size} tensors, rank "
+                f"order), got {type(local_outputs).__name__}; for this rank's output alone use unpack"
+            )
         if len(local_outputs) != self.ctx.cp_size:
             raise ValueError(f"restore needs one local output per CP rank ({self.ctx.cp_size}), got {len(local_outputs)}")
-        outputs = [self._check_local(y) for y in local_outputs]
-        zeros = outputs[0].new_zeros((self._copy_back_tables(token_order=False).block, *outputs[0].shape[1:]))
-        return self._to_source_layout(self._copy_back(torch.cat([*outputs, zeros]), token_order=False))
+        outputs = [self._check_local(y, f"local_outputs[{rank}]") for rank, y in enumerate(local_outputs)]
+        if len({(y.dtype, y.shape[1:]) for y in outputs}) > 1:
+            raise ValueError("every rank's local output must have the same dtype and trailing dimensions")
+        copyable = [_copyable(y) for y in outputs]
+        zeros = copyable[0].new_zeros((self._copy_back_tables(token_order=False).block, *outputs[0].shape[1:]))
+        rows = self._copy_back(torch.cat([*copyable, zeros]), token_order=False)
+        return self._to_source_layout(_as_dtype(rows, outputs[0].dtype))
 
-    def unpack_nested(self, y_local: torch.Tensor, *, gradient: GradientContract = "local") -> torch.Tensor:
+    def unpack_nested(
+        self, y_local: torch.Tensor, *, gradient: GradientContract = "local", name: str = "y_local"
+    ) -> torch.Tensor:
         """Like ``unpack`` but always a jagged nested tensor ``[n, j, *]`` of the real tokens of each sequence."""
-        values = self._gather_back(self._check_local(y_local), gradient, token_order=True)  # [N, *]
+        local = self._check_local(y_local, name)
+        values = _as_dtype(self._gather_back(_copyable(local), gradient, token_order=True), local.dtype)  # [N, *]
         return torch.nested.nested_tensor_from_jagged(values, offsets=self.cu_seqlens.long())
 
-    def _check_local(self, y_local: torch.Tensor) -> torch.Tensor:
-        require_tensor("y_local", y_local)
+    def _check_local(self, y_local: torch.Tensor, name: str) -> torch.Tensor:
+        require_tensor(name, y_local)
         if y_local.is_nested or y_local.dim() < 2 or y_local.shape[0] != 1 or y_local.shape[1] != self.local_length:
             raise ValueError(
-                f"local output must have shape [1, T_local, *] with T_local={self.local_length} "
+                f"{name} must have shape [1, T_local, *] with T_local={self.local_length} "
                 f"(this plan's local length), got {tuple(y_local.shape)}"
             )
+        if y_local.device != self.device:
+            raise ValueError(f"{name} is on {y_local.device} but the plan was built on {self.device}; move one")
         return y_local[0]
 
     def _gather_back(self, local: torch.Tensor, gradient: GradientContract, token_order: bool) -> torch.Tensor:
@@ -333,12 +360,13 @@ class PackPlan:
     # -------------------------------------------------------------- megatron
     def packed_seq_params(self, *, real_seqlens_in_attention: bool = False) -> Any:
         """A new Megatron ``PackedSeqParams`` (THD) for this plan per call; see ``integrations.megatron``."""
-        arguments = self._packed_seq_params_arguments.get(real_seqlens_in_attention)
-        if arguments is None:
-            from verl_cppack.integrations.megatron import packed_seq_params_arguments
+        from verl_cppack.integrations.megatron import packed_seq_params_arguments, packed_seq_params_class
 
+        key = (real_seqlens_in_attention, packed_seq_params_class())  # the class as megatron holds it now
+        arguments = self._packed_seq_params_arguments.get(key)
+        if arguments is None:
             arguments = packed_seq_params_arguments(self, real_seqlens_in_attention=real_seqlens_in_attention)
-            self._packed_seq_params_arguments[real_seqlens_in_attention] = arguments
+            self._packed_seq_params_arguments[key] = arguments
         cls, kwargs = arguments
         return cls(**kwargs)
 
@@ -366,6 +394,32 @@ def _copy_block(pieces: _Pieces) -> int:
     num_pieces = np.count_nonzero(target_lengths)
     mean_length = float(target_lengths.sum()) / num_pieces if num_pieces else 1.0
     return min(max(2 ** round(math.log2(math.sqrt(2 * mean_length))), 2), MAX_COPY_BLOCK)
+
+
+# dtypes the index kernels (index_copy_, index_fill_) lack are copied as the same-size integer: the bytes move as is.
+_COPY_AS_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_INDEXABLE_DTYPES = frozenset(
+    {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+     torch.float32, torch.float64, torch.complex32, torch.complex64, torch.complex128}
+)
+
+
+def _copyable(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` itself, or a same-size integer view of it where the index kernels lack its dtype (float8, uint16...)."""
+    if rows.dtype in _INDEXABLE_DTYPES:
+        return rows
+    integer = _COPY_AS_INTEGER.get(rows.dtype.itemsize)
+    if integer is None:
+        raise TypeError(
+            f"cannot pack or unpack dtype {rows.dtype}: supported are every dtype of 1, 2, 4 or 8 bytes and the "
+            "complex dtypes"
+        )
+    return rows.view(integer)
+
+
+def _as_dtype(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Undo ``_copyable``."""
+    return rows if rows.dtype == dtype else rows.view(dtype)
 
 
 @dataclass(frozen=True)
@@ -431,6 +485,8 @@ def plan_from_lengths(
     if not isinstance(seqlens, torch.Tensor):
         if not isinstance(seqlens, Sequence) or not all(isinstance(n, int) and not isinstance(n, bool) for n in seqlens):
             raise TypeError("seqlens must be a 1-D integer tensor or a sequence of ints")
+        if seqlens:  # before they become int64: a Python int may not fit
+            _check_longest(max(seqlens))
         seqlens = torch.tensor(list(seqlens), dtype=torch.long, device=device)
     if seqlens.dtype.is_floating_point or seqlens.dtype.is_complex or seqlens.dtype == torch.bool:
         raise TypeError(f"seqlens must be an integer tensor, got dtype {seqlens.dtype}")
@@ -448,10 +504,9 @@ def plan_from_nested(
     alignment: Alignment | int | None = None,
     fp8: bool = False,
 ) -> PackPlan:
-    """Plan for a jagged nested tensor ``[B, j, *]`` (its ``offsets()`` give the lengths)."""
-    require_tensor("nested", nested)
-    if not nested.is_nested or nested.layout != torch.jagged:
-        raise TypeError("nested must be a jagged nested tensor (torch.nested.nested_tensor(..., layout=torch.jagged))")
+    """Plan for a jagged nested tensor ``[B, j, *]``: its sequences' real lengths (a view with holes, from
+    ``torch.nested.narrow``, is read as ``nested.contiguous()``; ``pack`` does the same)."""
+    nested = require_jagged("nested", nested)
     return plan_from_lengths(nested.offsets().diff(), ctx, layout=layout, alignment=alignment, fp8=fp8)
 
 
@@ -460,9 +515,8 @@ def resolve_policy(
 ) -> tuple[ParallelContext, Layout, Alignment]:
     """Default the context, look up the layout, and turn ``alignment``/``fp8`` into an ``Alignment`` the layout
     can cut for ``ctx`` (``ValueError`` otherwise), before any work."""
-    ctx = ParallelContext() if ctx is None else ctx
-    if not isinstance(ctx, ParallelContext):
-        raise TypeError(f"ctx must be a ParallelContext, got {type(ctx).__name__}")
+    ctx = require_context(ctx)
+    ctx.check_group()
     layout_ = get_layout(layout)
     if alignment is None:
         alignment_ = layout_.default_alignment(ctx, fp8=fp8)
@@ -471,7 +525,7 @@ def resolve_policy(
     elif isinstance(alignment, Alignment):
         alignment_ = alignment
     else:
-        alignment_ = Alignment.per_slot(require_int("alignment", alignment, minimum=1))
+        alignment_ = Alignment.per_slot(require_stream_int("alignment", alignment, minimum=1))
     layout_.check_alignment(alignment_, ctx)
     return ctx, layout_, alignment_
 
@@ -564,6 +618,14 @@ def _reversed_rows(flags: np.ndarray) -> np.ndarray:
     return flags.view(np.uint64)[:, ::-1].byteswap().view(bool)
 
 
+def _check_longest(longest: int) -> None:
+    if longest >= MAX_STREAM_POSITIONS:
+        raise ValueError(
+            f"a sequence of {longest} tokens cannot be packed: THD offsets are int32 (every stream < 2**31 positions); "
+            "split the sequence or the batch"
+        )
+
+
 @functools.lru_cache(maxsize=64)
 def _lane_group(num_words: int) -> int:
     """The most words (a divisor of ``num_words``, at most 127) whose byte-lane sums stay below 128."""
@@ -609,6 +671,7 @@ def build_plan(
         seqlens_host = per_sequence_host[0]
     n = seqlens_host.size if num_sequences is None else int(scalars_host[-1][0])
     seqlens_host = seqlens_host[:n].copy()  # on the CPU the read is a view of the caller's tensor: own it
+    _check_longest(int(seqlens_host.max(initial=0)))  # before any sum: lengths below 2**31 cannot overflow int64
     if not seqlens_host.any():
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
     seqlens_padded = alignment.pad(seqlens_host)
