@@ -213,11 +213,11 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 
 def _megatron_knows_partition_mode() -> bool:
-    from verl_cppack.integrations.megatron import packed_seq_params_class, packed_seq_params_fields
+    from verl_cppack.integrations.megatron import packed_seq_params_accepts, packed_seq_params_class
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return "cp_partition_mode" in packed_seq_params_fields(packed_seq_params_class())
+        return packed_seq_params_accepts(packed_seq_params_class(), "cp_partition_mode")
 
 
 def run(args: argparse.Namespace) -> int:

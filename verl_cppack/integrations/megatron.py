@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +31,8 @@ class FallbackPackedSeqParams:
     cp_group: Any = None
 
 
-@functools.lru_cache(maxsize=1)
 def packed_seq_params_class() -> type:
+    """megatron-core's ``PackedSeqParams`` as the module holds it now (a stand-in put there is used too)."""
     try:
         from megatron.core.packed_seq_params import PackedSeqParams
     except ImportError:
@@ -41,11 +42,22 @@ def packed_seq_params_class() -> type:
 
 @functools.lru_cache(maxsize=4)
 def packed_seq_params_fields(cls: type) -> frozenset[str]:
+    """The fields ``cls`` names (a class taking ``**kwargs`` accepts others too, see ``packed_seq_params_accepts``)."""
     if dataclasses.is_dataclass(cls):
         return frozenset(field.name for field in dataclasses.fields(cls))
-    import inspect
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)) - {"self"}
 
-    return frozenset(inspect.signature(cls.__init__).parameters) - {"self"}
+
+@functools.lru_cache(maxsize=4)
+def _takes_any_keyword(cls: type) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
+
+
+def packed_seq_params_accepts(cls: type, name: str) -> bool:
+    """Whether ``cls(name=...)`` is accepted, decided as verl 0.9.1 does: a named field, or ``**kwargs`` in
+    ``__init__`` (duck-typed stand-ins)."""
+    return name in packed_seq_params_fields(cls) or _takes_any_keyword(cls)
 
 
 def packed_seq_params_arguments(
@@ -55,11 +67,11 @@ def packed_seq_params_arguments(
 
     By default ``cu_seqlens_q/kv`` are the padded offsets, as verl passes them (padding tokens attend
     inside their own slot and are discarded later). ``real_seqlens_in_attention=True`` passes the real
-    ``cu_seqlens`` instead so attention kernels that support it skip the padding. Fields the installed
-    megatron-core lacks are left out; ``cp_partition_mode`` is set when it exists.
+    ``cu_seqlens`` instead so attention kernels that support it skip the padding. Every field is passed that
+    the class accepts (named, or through ``**kwargs`` as verl allows); ``cp_partition_mode`` whenever accepted,
+    and a non-zigzag layout with CP>1 needs it, as in verl.
     """
     cls = packed_seq_params_class()
-    fields = packed_seq_params_fields(cls)
     cu_attention = plan.cu_seqlens if real_seqlens_in_attention else plan.cu_seqlens_padded
     max_attention = plan.max_seqlen if real_seqlens_in_attention else plan.max_seqlen_padded
     values: dict[str, Any] = dict(
@@ -71,14 +83,14 @@ def packed_seq_params_arguments(
         max_seqlen_q=max_attention,
         max_seqlen_kv=max_attention,
     )
-    if "cp_partition_mode" in fields:
+    if packed_seq_params_accepts(cls, "cp_partition_mode"):
         values["cp_partition_mode"] = plan.layout.name
     elif plan.layout.name != "zigzag" and plan.ctx.cp_size > 1 and cls is not FallbackPackedSeqParams:
         raise ValueError(
             f"the {plan.layout.name} layout needs PackedSeqParams.cp_partition_mode so attention knows the cut; "
             "this megatron-core has no such field (it assumes zigzag). Use layout='zigzag' or a newer megatron-core."
         )
-    return cls, {name: value for name, value in values.items() if name in fields}
+    return cls, {name: value for name, value in values.items() if packed_seq_params_accepts(cls, name)}
 
 
 # (CP group, TP group, TP-size override) -> context: a process group's size and this rank's place in it never

@@ -33,8 +33,8 @@ import torch
 
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
-from verl_cppack.core.checks import require_tensor
-from verl_cppack.integrations.verl.plan_cache import TensorKeyedCache, attach_plan, attached_plan
+from verl_cppack.core.checks import require_jagged, require_tensor
+from verl_cppack.integrations.verl.plan_cache import SourceSnapshot, TensorKeyedCache, attach_plan, attached_plan
 from verl_cppack.integrations.verl.policies import (
     check_layout,
     engine_bshd_row_length,
@@ -56,28 +56,38 @@ def _check_mask(attention_mask: object) -> torch.Tensor:
     return mask
 
 
-def _mask_plan(attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment | None, fp8: bool) -> PackPlan:
+def _mask_entry(
+    attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment | None, fp8: bool
+) -> tuple[PackPlan, SourceSnapshot]:
     key = (ctx, alignment, fp8)
-    return _MASK_PLANS.get_or_build(
+    return _MASK_PLANS.entry(
         attention_mask, key, lambda: plan_from_mask(attention_mask, ctx, alignment=alignment, fp8=fp8)
     )
 
 
+def _mask_plan(attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment | None, fp8: bool) -> PackPlan:
+    return _mask_entry(attention_mask, ctx, alignment, fp8)[0]
+
+
 def _check_nested(name: str, value: object) -> torch.Tensor:
-    tensor = require_tensor(name, value)
-    if not tensor.is_nested or tensor.layout != torch.jagged:
-        raise TypeError(f"{name} must be a jagged nested tensor [B, j, *] (torch.nested, layout=torch.jagged)")
-    return tensor
+    """A jagged nested tensor; a view with holes (``torch.nested.narrow``) becomes a copy without (its real lengths)."""
+    return require_jagged(name, value)
 
 
-def _nested_plan(nested: torch.Tensor, ctx: ParallelContext, layout: str, alignment: Alignment) -> PackPlan:
-    return _NESTED_PLANS.get_or_build(
+def _nested_entry(
+    nested: torch.Tensor, ctx: ParallelContext, layout: str, alignment: Alignment
+) -> tuple[PackPlan, SourceSnapshot]:
+    return _NESTED_PLANS.entry(
         nested.offsets(), (ctx, layout, alignment), lambda: plan_from_nested(nested, ctx, layout=layout, alignment=alignment)
     )
 
 
-def _packed_seq_params(plan: PackPlan, source: torch.Tensor) -> Any:
-    return attach_plan(plan.packed_seq_params(), plan, source)
+def _nested_plan(nested: torch.Tensor, ctx: ParallelContext, layout: str, alignment: Alignment) -> PackPlan:
+    return _nested_entry(nested, ctx, layout, alignment)[0]
+
+
+def _packed_seq_params(plan: PackPlan, snapshot: SourceSnapshot) -> Any:
+    return attach_plan(plan.packed_seq_params(), plan, snapshot)
 
 
 def _require_same_stream(plan: PackPlan, packed_seq_params: Any) -> PackPlan:
@@ -112,11 +122,11 @@ def preprocess_packed_seqs(
 ) -> tuple[torch.Tensor, Any]:
     """``[B, S, *]`` + mask ``[B, S]`` -> (``[1, T/CP, *]`` this rank's packed rows, ``PackedSeqParams``)."""
     mask = _check_mask(attention_mask)
-    plan = _mask_plan(mask, megatron_context(), None, bool(use_fp8_padding))
-    packed_seq_params = _packed_seq_params(plan, mask)
+    plan, snapshot = _mask_entry(mask, megatron_context(), None, bool(use_fp8_padding))
+    packed_seq_params = _packed_seq_params(plan, snapshot)
     if not pre_process:
         return input_ids, packed_seq_params
-    return plan.pack(input_ids), packed_seq_params
+    return plan.pack(input_ids, name="input_ids"), packed_seq_params
 
 
 def _plan_for_mask(packed_seq_params: Any, attention_mask: torch.Tensor) -> PackPlan:
@@ -148,7 +158,7 @@ def postprocess_packed_seqs(
     mask = _check_mask(attention_mask)
     if (batch_size, seq_len) != tuple(mask.shape):
         raise ValueError(f"batch_size, seq_len = {(batch_size, seq_len)} must match attention_mask {tuple(mask.shape)}")
-    return _plan_for_mask(packed_seq_params, mask).unpack(output)
+    return _plan_for_mask(packed_seq_params, mask).unpack(output, name="output")
 
 
 def postprocess_packed_seqs_for_dict_output(
@@ -184,9 +194,9 @@ class _Compaction:
         self.row_length = row_length  # L
         self.compact_index = plan.local_slot * row_length + plan.local_position_ids  # [N] flat [B*L] position
 
-    def to_rows(self, x: torch.Tensor) -> torch.Tensor:
+    def to_rows(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """``[B, S, *]`` -> ``[B, L, *]``: real tokens left-aligned, zeros after."""
-        tokens = self.plan.pack(x)[0]  # [N, *]
+        tokens = self.plan.pack(x, name=name)[0]  # [N, *]
         rows = tokens.new_zeros((self.plan.batch_size * self.row_length, *tokens.shape[1:]))
         return rows.index_copy(0, self.compact_index, tokens).view(self.plan.batch_size, self.row_length, *tokens.shape[1:])
 
@@ -196,12 +206,12 @@ class _Compaction:
         return self.plan.restore([flat.index_select(0, self.compact_index).unsqueeze(0)])
 
 
-def _compaction(attention_mask: torch.Tensor, row_multiple: int) -> _Compaction:
+def _compaction(attention_mask: torch.Tensor, row_multiple: int) -> tuple[_Compaction, SourceSnapshot]:
     def build() -> _Compaction:
         plan = plan_from_mask(attention_mask, ParallelContext(), alignment=1)
         return _Compaction(plan, -(-plan.max_seqlen // row_multiple) * row_multiple)
 
-    return _MASK_PLANS.get_or_build(attention_mask, ("compaction", row_multiple), build)
+    return _MASK_PLANS.entry(attention_mask, ("compaction", row_multiple), build)
 
 
 def preprocess_bshd(
@@ -222,12 +232,12 @@ def preprocess_bshd(
     ctx = megatron_context()
     if ctx.cp_size != 1:
         raise ValueError(f"preprocess_bshd needs context parallel size 1 (got {ctx.cp_size}); use the THD path")
-    compaction = _compaction(mask, ctx.tp_size if sequence_parallel else 1)
+    compaction, mask_snapshot = _compaction(mask, ctx.tp_size if sequence_parallel else 1)
     valid = mask != 0
-    new_mask = compaction.to_rows(valid).to(mask.dtype)  # [B, L], 1 at real tokens (verl: the mask's own values)
-    _BSHD_MASKS.store(new_mask, "compaction", (mask, compaction))
-    new_position_ids = compaction.to_rows(position_ids)
-    new_input_ids = compaction.to_rows(input_ids) if pre_process else input_ids
+    new_mask = compaction.to_rows(valid, "attention_mask").to(mask.dtype)  # [B, L], 1 at real tokens (verl: the mask's own values)
+    _BSHD_MASKS.store(new_mask, "compaction", (mask_snapshot, compaction))
+    new_position_ids = compaction.to_rows(position_ids, "position_ids")
+    new_input_ids = compaction.to_rows(input_ids, "input_ids") if pre_process else input_ids
     return new_input_ids, new_mask, new_position_ids
 
 
@@ -247,14 +257,14 @@ def postprocess_bshd(
     if tuple(result.shape[:2]) != tuple(mask.shape):
         raise ValueError(f"result.shape[:2] {tuple(result.shape[:2])} must equal attention_mask.shape {tuple(mask.shape)}")
     record = _BSHD_MASKS.lookup(mask, "compaction")
-    if record is not None and record[0] is original:
+    if record is not None and record[0].matches(original):
         return record[1].from_rows(result)
     # A mask we did not make: both masks must hold the same number of real tokens per row (one sync).
     source = plan_from_mask(mask, ParallelContext(), alignment=1)
     target = plan_from_mask(original, ParallelContext(), alignment=1)
     if source.batch_size != target.batch_size or not torch.equal(source.seqlens, target.seqlens):
         raise ValueError("attention_mask and original_attention_mask must have the same number of real tokens per row")
-    return target.restore([source.pack(result)])
+    return target.restore([source.pack(result, name="result")])
 
 
 # ============================================================ nested (engine) API
@@ -277,14 +287,14 @@ def preprocess_thd_engine(
     nested = _check_nested("input_ids", input_ids)
     ctx = megatron_context(local_cp_size)
     alignment = engine_thd_alignment(ctx, layout, bool(use_fp8_padding), min_local_rows, pad_to_length_bucket)
-    plan = _nested_plan(nested, ctx, layout, alignment)
-    packed_seq_params = _packed_seq_params(plan, nested.offsets())
+    plan, snapshot = _nested_entry(nested, ctx, layout, alignment)
+    packed_seq_params = _packed_seq_params(plan, snapshot)
     if local_cp_size is not None:
         packed_seq_params.local_cp_size = local_cp_size
         packed_seq_params.cp_group = ctx.cp_group
     if not pre_process:
         return input_ids, packed_seq_params, None
-    packed = plan.pack(nested, shift=1 if need_roll else 0, wrap=bool(need_roll))  # [1, T/CP, *]
+    packed = plan.pack(nested, shift=1 if need_roll else 0, wrap=bool(need_roll), name="input_ids")  # [1, T/CP, *]
     position_ids = plan.local_position_ids.masked_fill(~plan.local_valid_mask, 0)  # [T/CP]
     return packed, packed_seq_params, position_ids.unsqueeze(0)
 
@@ -328,7 +338,7 @@ def postprocess_thd_engine(
     nested = _check_nested("input_ids", input_ids)
     if batch_size != nested.size(0):
         raise ValueError(f"batch_size ({batch_size}) must equal the number of sequences in input_ids ({nested.size(0)})")
-    return _plan_for_nested(packed_seq_params, nested, local_cp_size, layout).unpack_nested(output)
+    return _plan_for_nested(packed_seq_params, nested, local_cp_size, layout).unpack_nested(output, name="output")
 
 
 def _longest(nested: torch.Tensor) -> int:
@@ -361,7 +371,7 @@ def preprocess_bshd_engine(
             f"{forced_max_seqlen}, longest sequence {plan.max_seqlen}); drop empty sequences or raise forced_max_seqlen"
         )
     local_rows = row_length // ctx.cp_size
-    packed = plan.pack(nested, shift=1 if need_roll else 0, wrap=bool(need_roll))[0]  # [B*M/CP, *]
+    packed = plan.pack(nested, shift=1 if need_roll else 0, wrap=bool(need_roll), name="input_ids")[0]  # [B*M/CP, *]
     attention_mask = plan.local_valid_mask.view(batch_size, local_rows)
     _BSHD_MASKS.store(attention_mask, "engine", plan)
     position_ids = plan.local_position_ids.view(batch_size, local_rows)
@@ -401,7 +411,8 @@ def postprocess_bshd_engine(output: torch.Tensor, attention_mask: torch.Tensor, 
     if tuple(output.shape[:2]) != tuple(mask.shape):
         raise ValueError(f"output.shape[:2] {tuple(output.shape[:2])} must equal attention_mask.shape {tuple(mask.shape)}")
     batch_size, local_rows = mask.shape
-    return _plan_for_bshd_mask(mask).unpack_nested(output.reshape(1, batch_size * local_rows, *output.shape[2:]))
+    local = output.reshape(1, batch_size * local_rows, *output.shape[2:])
+    return _plan_for_bshd_mask(mask).unpack_nested(local, name="output")
 
 
 # ================================================================ verl 0.7 names

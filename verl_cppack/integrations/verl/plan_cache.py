@@ -3,13 +3,18 @@
 verl calls the util functions several times per micro-batch with the same attention mask (inputs, labels,
 label masks, then the gather-back of every output). Re-planning each time would cost one host sync per
 call; instead a plan is cached under the *identity and version* of its source tensor (the attention mask,
-or the offsets of a nested batch). An in-place edit bumps ``tensor._version`` and misses the cache; an
-entry dies with its source tensor (weak reference with a callback), so plans never outlive the micro-batch
-and a new tensor at a recycled address cannot hit a stale entry.
+or the offsets of a nested batch), with a copy of the source's contents (a ``SourceSnapshot``). An in-place
+edit bumps ``tensor._version`` and misses the cache; an edit that does not (``mask.numpy()[:] = ...``, a write
+through ``.data``, shared memory) is caught by comparing the contents with the copy on every hit: on the CPU
+a ``memcmp`` (a miss, the plan is rebuilt from the current contents), on an accelerator an asynchronous
+device assertion (no host sync; a changed source stops the process with a device-side assertion instead of
+using another mask's plan). An entry dies with its source tensor (weak reference with a callback), so plans
+never outlive the micro-batch and a new tensor at a recycled address cannot hit a stale entry.
 """
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -22,52 +27,148 @@ T = TypeVar("T")
 # Attribute under which a drop-in records, on the PackedSeqParams it returns, the plan that made it.
 PLAN_ATTRIBUTE = "_verl_cppack_plan"
 
+CHANGED_SOURCE = (
+    "verl_cppack: a tensor a packing plan was built from (attention mask or nested offsets) changed its contents "
+    "without an in-place op torch can see (a write through .numpy(), .data or shared memory); build a new tensor "
+    "for a new batch, or call verl_cppack.integrations.verl.dropins.clear_plan_caches() after such a write"
+)
+
+
+def _libc_memcmp() -> Callable[[int, int, int], int] | None:
+    try:
+        memcmp = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError, TypeError):  # no C library to load this way (e.g. Windows)
+        return None
+    memcmp.restype = ctypes.c_int
+    memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    return memcmp
+
+
+_MEMCMP = _libc_memcmp()
+
+
+def _same_contents_on_host(tensor: torch.Tensor, kept: torch.Tensor) -> bool:
+    """Exact comparison of a CPU tensor with its contiguous copy: ``memcmp`` of the bytes (~45 us per MB here;
+    ``torch.equal`` takes ~20 times longer on a bool mask)."""
+    if not tensor.is_contiguous():
+        return torch.equal(tensor, kept)
+    num_bytes = tensor.numel() * tensor.element_size()
+    if _MEMCMP is not None:
+        return num_bytes == 0 or _MEMCMP(tensor.data_ptr(), kept.data_ptr(), num_bytes) == 0
+    return bool(torch.equal(tensor.view(torch.uint8), kept.view(torch.uint8)))
+
+
+class SourceSnapshot:
+    """The tensor a plan was built from: a weak reference, its version and a copy of its contents."""
+
+    compare_on_host = True  # tests turn it off to run the accelerator's asynchronous check on CPU tensors
+
+    __slots__ = ("reference", "version", "kept")
+
+    def __init__(self, source: torch.Tensor, reference: weakref.ref | None = None) -> None:
+        self.reference = weakref.ref(source) if reference is None else reference
+        self.version = source._version
+        self.kept = source.detach().clone(memory_format=torch.contiguous_format)
+
+    def matches(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is the source, unchanged. On an accelerator the contents are checked by an
+        asynchronous device assertion (no sync): True is returned and a changed source stops the process."""
+        if self.reference() is not tensor or tensor._version != self.version:
+            return False
+        if tensor.device.type == "cpu" and self.compare_on_host:
+            return _same_contents_on_host(tensor, self.kept)
+        torch._assert_async((tensor == self.kept).all(), CHANGED_SOURCE)
+        return True
+
 
 class TensorKeyedCache:
-    """A small LRU map from (source tensor, extra key) to a value built once."""
+    """A small LRU map from (source tensor, extra key) to a value built once; the entries of one source share
+    one snapshot (one copy of its contents)."""
 
     def __init__(self, capacity: int = 8) -> None:
         self._capacity = capacity
-        self._entries: OrderedDict[tuple, tuple[weakref.ref, Any]] = OrderedDict()
+        self._entries: OrderedDict[tuple, tuple[SourceSnapshot, Any]] = OrderedDict()
+        self._snapshots: dict[tuple[int, int], SourceSnapshot] = {}
+
+    def entry(self, source: torch.Tensor, key: Hashable, build: Callable[[], T]) -> tuple[T, SourceSnapshot]:
+        """``(value, snapshot of source)``: the cached value, or ``build()`` stored when there is none."""
+        entry_key = (id(source), source._version, key)
+        found = self._entries.get(entry_key)
+        if found is not None:
+            if found[0].matches(source):
+                self._entries.move_to_end(entry_key)
+                return found[1], found[0]
+            self._forget(entry_key[:2])  # another tensor at a recycled address, or changed contents
+        snapshot = self._snapshot(source)
+        value = build()
+        self._insert(entry_key, snapshot, value)
+        return value, snapshot
+
+    def get_or_build(self, source: torch.Tensor, key: Hashable, build: Callable[[], T]) -> T:
+        return self.entry(source, key, build)[0]
 
     def lookup(self, source: torch.Tensor, key: Hashable) -> Any | None:
         entry_key = (id(source), source._version, key)
-        entry = self._entries.get(entry_key)
-        if entry is None or entry[0]() is not source:
+        found = self._entries.get(entry_key)
+        if found is None:
+            return None
+        if not found[0].matches(source):
+            self._forget(entry_key[:2])
             return None
         self._entries.move_to_end(entry_key)
-        return entry[1]
+        return found[1]
 
     def store(self, source: torch.Tensor, key: Hashable, value: T) -> T:
-        entry_key = (id(source), source._version, key)
-        entries = self._entries
-
-        def forget(_reference: weakref.ref, entry_key: tuple = entry_key) -> None:
-            entries.pop(entry_key, None)
-
-        entries[entry_key] = (weakref.ref(source, forget), value)
-        while len(self._entries) > self._capacity:
-            self._entries.popitem(last=False)
+        self._insert((id(source), source._version, key), self._snapshot(source), value)
         return value
 
-    def get_or_build(self, source: torch.Tensor, key: Hashable, build: Callable[[], T]) -> T:
-        value = self.lookup(source, key)
-        return self.store(source, key, build()) if value is None else value
+    def _snapshot(self, source: torch.Tensor) -> SourceSnapshot:
+        """The snapshot ``source``'s entries share, if it still matches; else a new one (a copy of the contents)."""
+        source_key = (id(source), source._version)
+        snapshot = self._snapshots.get(source_key)
+        if snapshot is not None and snapshot.matches(source):
+            return snapshot
+        self._forget(source_key)
+        entries, snapshots = self._entries, self._snapshots
+
+        def forget(_reference: weakref.ref, source_key: tuple = source_key) -> None:  # the source died
+            if snapshots.get(source_key) is snapshot:
+                snapshots.pop(source_key)
+                for entry_key in [k for k in entries if k[:2] == source_key]:
+                    entries.pop(entry_key, None)
+
+        snapshot = SourceSnapshot(source, weakref.ref(source, forget))
+        self._snapshots[source_key] = snapshot
+        return snapshot
+
+    def _insert(self, entry_key: tuple, snapshot: SourceSnapshot, value: Any) -> None:
+        self._entries[entry_key] = (snapshot, value)
+        while len(self._entries) > self._capacity:
+            evicted, _ = self._entries.popitem(last=False)
+            if not any(k[:2] == evicted[:2] for k in self._entries):  # its source has no entry left
+                self._snapshots.pop(evicted[:2], None)
+
+    def _forget(self, source_key: tuple) -> None:
+        self._snapshots.pop(source_key, None)
+        for entry_key in [k for k in self._entries if k[:2] == source_key]:
+            del self._entries[entry_key]
 
     def clear(self) -> None:
         self._entries.clear()
+        self._snapshots.clear()
 
 
-def attach_plan(packed_seq_params: Any, plan: Any, source: torch.Tensor) -> Any:
-    """Record on ``packed_seq_params`` the plan that made it and the tensor (mask/offsets) it came from."""
-    setattr(packed_seq_params, PLAN_ATTRIBUTE, (weakref.ref(source), source._version, plan))
+def attach_plan(packed_seq_params: Any, plan: Any, snapshot: SourceSnapshot) -> Any:
+    """Record on ``packed_seq_params`` the plan that made it and the snapshot of the tensor it came from."""
+    setattr(packed_seq_params, PLAN_ATTRIBUTE, (snapshot, plan))
     return packed_seq_params
 
 
 def attached_plan(packed_seq_params: Any, source: torch.Tensor) -> tuple[Any | None, bool]:
-    """``(plan, same_source)``: the recorded plan (or None) and whether ``source`` is the tensor it came from."""
+    """``(plan, same_source)``: the recorded plan (or None) and whether ``source`` is the unchanged tensor it
+    came from (see ``SourceSnapshot.matches``)."""
     record = getattr(packed_seq_params, PLAN_ATTRIBUTE, None)
     if record is None:
         return None, False
-    reference, version, plan = record
-    return plan, reference() is source and source._version == version
+    snapshot, plan = record
+    return plan, snapshot.matches(source)

@@ -55,8 +55,9 @@ def megatron_context(local_cp_size: int | None = None) -> ParallelContext:
 
 
 def check_layout(cp_layout: object) -> str:
+    """verl's check, with verl's exception and message (callers match on them)."""
     if cp_layout not in LAYOUTS:
-        raise ValueError(f"cp_layout must be one of {LAYOUTS}, got {cp_layout!r}")
+        raise ValueError(f"Unsupported context parallel layout: {cp_layout}")
     return cp_layout  # type: ignore[return-value]
 
 

@@ -1,0 +1,131 @@
+"""The drop-ins' plan cache never serves another mask's plan, however the mask's contents changed.
+
+A write through ``.numpy()``, ``.data`` or shared memory changes a tensor without bumping ``tensor._version``;
+the cache must then pack the current contents, exactly as a fresh call (and verl) would. In this process at
+CP=1, the megatron context replaced by an explicit one (as in test_verl_properties).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verl_cppack.bench.counters import HostReadCounter, OpCounter
+from verl_cppack import ParallelContext
+from verl_cppack.integrations.verl import dropins
+from verl_cppack.integrations.verl import plan_cache
+
+FIRST = [[1, 1, 1, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0, 0, 0]]
+OTHER = [[0, 0, 0, 0, 1, 1, 1, 1], [1, 0, 1, 0, 1, 0, 1, 1]]
+
+
+@pytest.fixture(autouse=True)
+def single_rank(monkeypatch):
+    monkeypatch.setattr(dropins, "megatron_context", lambda local_cp_size=None: ParallelContext())
+    dropins.clear_plan_caches()
+    yield
+    dropins.clear_plan_caches()
+
+
+def _ids() -> torch.Tensor:
+    return torch.arange(1, 17).view(2, 8)
+
+
+def _fresh(mask_values, dtype) -> tuple[torch.Tensor, object]:
+    """What an uncached call returns for these mask values (a new tensor, caches cleared)."""
+    dropins.clear_plan_caches()
+    packed, params = dropins.preprocess_packed_seqs(_ids(), torch.tensor(mask_values, dtype=dtype))
+    dropins.clear_plan_caches()
+    return packed, params
+
+
+def _write_through_numpy(mask, values):
+    mask.numpy()[:] = torch.tensor(values, dtype=mask.dtype).numpy()
+
+
+def _write_through_data(mask, values):
+    mask.data.copy_(torch.tensor(values, dtype=mask.dtype))  # .data has its own version counter
+
+
+def _write_through_shared_memory(mask, values):
+    other_view = torch.from_numpy(mask.numpy())  # another tensor over the same memory, its own version
+    other_view.copy_(torch.tensor(values, dtype=mask.dtype))
+
+
+WRITES = [_write_through_numpy, _write_through_data, _write_through_shared_memory]
+
+
+@pytest.mark.parametrize("write", WRITES)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.long])
+def test_preprocess_packs_the_masks_current_contents(write, dtype):
+    expected, expected_params = _fresh(OTHER, dtype)
+    mask = torch.tensor(FIRST, dtype=dtype)
+    dropins.preprocess_packed_seqs(_ids(), mask)
+    version = mask._version
+    write(mask, OTHER)
+    assert mask._version == version  # the write is invisible to torch's version counter
+    packed, params = dropins.preprocess_packed_seqs(_ids(), mask)
+    assert torch.equal(packed, expected)
+    assert torch.equal(params.cu_seqlens_q_padded, expected_params.cu_seqlens_q_padded)
+
+
+@pytest.mark.parametrize("write", WRITES)
+def test_postprocess_unpacks_with_the_masks_current_contents(write):
+    """Gather-back after such a write: the current mask's positions (verl's result), or a clear error when the
+    packed_seq_params no longer describe the mask."""
+    mask = torch.tensor(FIRST, dtype=torch.bool)
+    packed, params = dropins.preprocess_packed_seqs(_ids(), mask)
+    same_lengths = [[0, 0, 0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0, 0]]  # 3 and 4 tokens again, other places
+    write(mask, same_lengths)
+    back = dropins.postprocess_packed_seqs(packed, params, mask, 2, 8)
+    expected = torch.zeros(2, 8, dtype=packed.dtype)
+    expected[torch.tensor(same_lengths, dtype=torch.bool)] = packed.view(-1)
+    assert torch.equal(back, expected)
+    write(mask, OTHER)  # 4 and 5 tokens: the packed stream cannot come from this mask
+    with pytest.raises(ValueError, match="packed_seq_params does not describe this batch"):
+        dropins.postprocess_packed_seqs(packed, params, mask, 2, 8)
+
+
+def test_nested_offsets_written_in_place_are_seen():
+    values = torch.arange(10)
+    offsets = torch.tensor([0, 3, 10])
+    nested = torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+    dropins.preprocess_thd_engine(nested)
+    nested.offsets().numpy()[:] = [0, 6, 10]  # same tensor, no version bump
+    packed, params, _ = dropins.preprocess_thd_engine(nested)
+    assert params.cu_seqlens_q_padded.tolist() == [0, 6, 10]
+    assert torch.equal(packed.view(-1), values)
+
+
+def test_bshd_record_checks_the_original_mask():
+    mask = torch.tensor(FIRST, dtype=torch.bool)
+    rows, new_mask, _ = dropins.preprocess_bshd(_ids(), mask, torch.zeros(2, 8, dtype=torch.long))
+    same_lengths = [[0, 0, 0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0, 0]]
+    _write_through_numpy(mask, same_lengths)
+    back = dropins.postprocess_bshd(rows, new_mask, mask, 8)
+    expected = torch.zeros(2, 8, dtype=rows.dtype)
+    expected[torch.tensor(same_lengths, dtype=torch.bool)] = rows[new_mask.bool()]
+    assert torch.equal(back, expected)
+
+
+def test_an_unchanged_mask_is_planned_once():
+    mask = torch.tensor(FIRST, dtype=torch.bool)
+    _, first = dropins.preprocess_packed_seqs(_ids(), mask)
+    _, again = dropins.preprocess_packed_seqs(_ids() * 2, mask)
+    record, other = getattr(first, plan_cache.PLAN_ATTRIBUTE), getattr(again, plan_cache.PLAN_ATTRIBUTE)
+    assert record[1] is other[1] and record[0] is other[0]  # the same plan, one snapshot
+
+
+def test_an_accelerator_checks_on_the_device_without_reading_back(monkeypatch):
+    """Off the CPU the comparison is queued on the device (``_assert_async``, no host read); forced here on CPU
+    tensors, where the queued assertion fails at once."""
+    monkeypatch.setattr(plan_cache.SourceSnapshot, "compare_on_host", False)
+    mask = torch.tensor(FIRST, dtype=torch.bool)
+    dropins.preprocess_packed_seqs(_ids(), mask)
+    with OpCounter() as counter, HostReadCounter() as reads:
+        dropins.preprocess_packed_seqs(_ids(), mask)
+    assert counter.ops["aten._assert_async"] == 1
+    assert counter.syncs() == 0 and reads.calls == 0 and "aten.equal" not in counter.ops
+    _write_through_numpy(mask, OTHER)
+    with pytest.raises(RuntimeError, match="changed its contents"):
+        dropins.preprocess_packed_seqs(_ids(), mask)
