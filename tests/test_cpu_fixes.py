@@ -202,11 +202,6 @@ def test_megatron_engine_on_cpu_refuses_a_set_random_seed_with_another_signature
     assert module.set_random_seed is _seed_with_another_signature
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fixes.megatron_engine_on_cpu registers the 'cpu' engines before it checks set_random_seed and the "
-    "offload helpers, so a refusal leaves the registry half patched",
-)
 def test_megatron_engine_on_cpu_refusal_leaves_the_registry_untouched():
     """A refusal changes nothing: the engine registry gains no 'cpu' entry when a later check fails."""
     engines = _cuda_engines()

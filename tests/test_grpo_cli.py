@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("verl")
 
-from verl_cppack.jobs.grpo import GrpoSettings, prepare_grpo  # noqa: E402
+from verl_cppack.jobs.grpo import GRPO  # noqa: E402
+from verl_cppack.jobs.verl_job import JobSettings, prepare_job  # noqa: E402
 
 
 def grpo(*arguments: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -25,7 +26,7 @@ def grpo(*arguments: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def test_the_default_configuration_is_the_gpu_recipe_with_the_cpu_overlay(tmp_path):
     """The GSM8K recipe's algorithm settings survive; the overlay sets CP=2 for actor and reference, the plugin,
     the Hugging Face rollout, float32 and the host; user overrides come last and win."""
-    prepared = prepare_grpo(GrpoSettings(overrides=("actor_rollout_ref.actor.kl_loss_coef=0.5",)), output_dir=tmp_path)
+    prepared = prepare_job(GRPO, JobSettings(overrides=("actor_rollout_ref.actor.kl_loss_coef=0.5",)), output_dir=tmp_path)
     config = prepared.config
     assert config.algorithm.adv_estimator == "grpo" and config.actor_rollout_ref.actor.use_kl_loss  # from the recipe
     assert config.actor_rollout_ref.actor.kl_loss_type == "low_var_kl"
@@ -36,7 +37,7 @@ def test_the_default_configuration_is_the_gpu_recipe_with_the_cpu_overlay(tmp_pa
     assert config.actor_rollout_ref.actor.megatron.dtype == "float32"
     assert config.actor_rollout_ref.actor.kl_loss_coef == 0.5
     assert config.trainer.use_v1 is True  # verl 0.9.1's default trainer
-    assert prepare_grpo(GrpoSettings(trainer="v0"), output_dir=tmp_path).config.trainer.use_v1 is False
+    assert prepare_job(GRPO, JobSettings(trainer="v0"), output_dir=tmp_path).config.trainer.use_v1 is False
 
 
 @pytest.mark.parametrize(

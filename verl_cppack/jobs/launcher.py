@@ -73,8 +73,9 @@ class TrainerRun:
     def command(self) -> list[str]:
         worker_env = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_string(v)}" for k, v in self.environment().items()]
         address = [f"++ray_kwargs.ray_init.address={self.address}"] if self.address else []
+        hydra_dir = f"hydra.run.dir={hydra_string(str((self.output_dir / 'hydra').resolve()))}"  # not ./outputs
         return [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-name={CONFIG_NAME}",
-                *self.overrides, *worker_env, *address]  # fmt: skip
+                *self.overrides, *worker_env, *address, hydra_dir]  # fmt: skip
 
 
 def hydra_string(value: str) -> str:

@@ -62,21 +62,24 @@ def recipe_overrides(script: str) -> list[str]:
     return result.stdout.splitlines()
 
 
+def megatron_overlay(prefix: str, run: CpuRun) -> list[str]:
+    """A Megatron engine config (``prefix`` = e.g. ``actor_rollout_ref.actor.megatron``) on the host at CP=``run.cp``."""
+    return [
+        f"{prefix}.tensor_model_parallel_size=1",
+        f"{prefix}.pipeline_model_parallel_size=1",
+        f"{prefix}.context_parallel_size={run.cp}",
+        f"{prefix}.vanilla_mbridge=True",
+        f"{prefix}.dtype=float32",
+        f"{prefix}.use_distributed_optimizer=False",
+        f"{prefix}.seed={run.seed}",
+        *(f"++{prefix}.override_transformer_config.{key}={value}" for key, value in HOST_TRANSFORMER_CONFIG.items()),
+    ]
+
+
 def cpu_overlay(run: CpuRun) -> list[str]:
     """The overrides that make the GPU recipe a CPU run of the counting task at CP=``run.cp``."""
-    megatron = []
-    for role in ("actor", "ref"):
-        prefix = f"actor_rollout_ref.{role}.megatron"
-        megatron += [
-            f"{prefix}.tensor_model_parallel_size=1",
-            f"{prefix}.pipeline_model_parallel_size=1",
-            f"{prefix}.context_parallel_size={run.cp}",
-            f"{prefix}.vanilla_mbridge=True",
-            f"{prefix}.dtype=float32",
-            f"{prefix}.use_distributed_optimizer=False",
-            f"{prefix}.seed={run.seed}",
-            *(f"++{prefix}.override_transformer_config.{key}={value}" for key, value in HOST_TRANSFORMER_CONFIG.items()),
-        ]
+    megatron = [*megatron_overlay("actor_rollout_ref.actor.megatron", run),
+                *megatron_overlay("actor_rollout_ref.ref.megatron", run)]  # fmt: skip
     batch = run.prompts_per_step
     return [
         f"data.train_files={run.assets.train}",

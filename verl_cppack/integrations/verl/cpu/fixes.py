@@ -72,13 +72,14 @@ def float32_engine_config(module: ModuleType) -> None:
 
     @functools.wraps(original)
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "fp32"):
+        asked = self.dtype
+        if asked not in ("float32", "fp32"):
             return original(self)
         object.__setattr__(self, "dtype", "bfloat16")  # pass the check, then restore what was asked for
         try:
             original(self)
         finally:
-            object.__setattr__(self, "dtype", "float32")
+            object.__setattr__(self, "dtype", asked)
 
     config_class.__post_init__ = _mark(__post_init__)
 
@@ -94,19 +95,38 @@ def megatron_engine_on_cpu(module: ModuleType) -> None:
     - 12: the engine methods that build the model and optimizer, step, zero and run forward/backward reach
       ``device='cuda'`` literals in Megatron; they run in ``host_device_scope`` (see ``host_device.py``).
     """
-    engine_class = expect_attribute(module, "MegatronEngine", "megatron-engine-on-cpu")
-    registry = expect_attribute(module, "EngineRegistry", "megatron-engine-on-cpu")
-    engines = expect_attribute(registry, "_engines", "megatron-engine-on-cpu")
+    name = "megatron-engine-on-cpu"
+    # Every target is checked before anything changes, so a refusal leaves the module as it was.
+    engine_class = expect_attribute(module, "MegatronEngine", name)
+    engines = expect_attribute(expect_attribute(module, "EngineRegistry", name), "_engines", name)
+    by_model_type = []
     for model_type in ("language_model", "value_model"):
         by_device = engines.get(model_type, {}).get("megatron")
         if not by_device or "cuda" not in by_device:
-            raise FixTargetChanged(f"CPU fix 'megatron-engine-on-cpu': no Megatron {model_type} engine registered for cuda")
-        by_device.setdefault("cpu", by_device["cuda"])
-
-    original_seed = expect_attribute(module, "set_random_seed", "megatron-engine-on-cpu")
+            raise FixTargetChanged(f"CPU fix {name!r}: no Megatron {model_type} engine registered for cuda")
+        by_model_type.append(by_device)
+    original_seed = expect_attribute(module, "set_random_seed", name)
     if not _marked(original_seed):
-        expect_parameters(original_seed, ("seed",), "megatron-engine-on-cpu")
-        expect_source(original_seed, "model_parallel_cuda_manual_seed", "megatron-engine-on-cpu")
+        expect_parameters(original_seed, ("seed",), name)
+        expect_source(original_seed, "model_parallel_cuda_manual_seed", name)
+    offload_helpers = {}
+    for helper, parameters in (
+        ("load_megatron_model_to_gpu", ("models", "load_grad", "load_frozen_params")),
+        ("offload_megatron_model_to_cpu", ("models",)),
+        ("load_megatron_optimizer", ("optimizers",)),
+        ("offload_megatron_optimizer", ("optimizers",)),
+    ):
+        original = expect_attribute(module, helper, name)
+        if not _marked(original):
+            expect_parameters(original, parameters, name)
+            offload_helpers[helper] = original
+    scoped = ("_build_megatron_module", "_build_optimizer", "optimizer_zero_grad", "optimizer_step",
+              "forward_backward_batch")  # fmt: skip
+    methods = {method: expect_attribute(engine_class, method, name) for method in scoped}
+
+    for by_device in by_model_type:
+        by_device.setdefault("cpu", by_device["cuda"])
+    if not _marked(original_seed):
 
         @functools.wraps(original_seed)
         def set_random_seed(seed):
@@ -122,24 +142,11 @@ def megatron_engine_on_cpu(module: ModuleType) -> None:
             install_cpu_rng_tracker(seed)
 
         module.set_random_seed = _mark(set_random_seed)
-
-    for name, parameters in (
-        ("load_megatron_model_to_gpu", ("models", "load_grad", "load_frozen_params")),
-        ("offload_megatron_model_to_cpu", ("models",)),
-        ("load_megatron_optimizer", ("optimizers",)),
-        ("offload_megatron_optimizer", ("optimizers",)),
-    ):
-        original = expect_attribute(module, name, "megatron-engine-on-cpu")
-        if _marked(original):
-            continue
-        expect_parameters(original, parameters, "megatron-engine-on-cpu")
-        setattr(module, name, _mark(functools.wraps(original)(lambda *args, **kwargs: None)))
-
-    for name in ("_build_megatron_module", "_build_optimizer", "optimizer_zero_grad", "optimizer_step",
-                 "forward_backward_batch"):  # fmt: skip
-        method = expect_attribute(engine_class, name, "megatron-engine-on-cpu")
+    for helper, original in offload_helpers.items():
+        setattr(module, helper, _mark(functools.wraps(original)(lambda *args, **kwargs: None)))
+    for method_name, method in methods.items():
         if not getattr(method, "__verl_cppack_host_scope__", False):
-            setattr(engine_class, name, in_host_device_scope(method))
+            setattr(engine_class, method_name, in_host_device_scope(method))
 
 
 # --------------------------------------------------------------------------------------------- megatron

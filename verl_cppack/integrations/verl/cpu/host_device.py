@@ -9,6 +9,9 @@ this scope, and nothing else runs under it. Inside the scope:
 - a ``TorchFunctionMode`` rewrites a CUDA ``device`` argument (``'cuda'``, ``'cuda:N'``, ``torch.device('cuda')``)
   of any torch function to ``'cpu'``, and turns ``Tensor.cuda()`` into a no-op;
 - ``torch.cuda.current_device()`` returns ``'cpu'`` (it would raise on a CPU build of torch).
+
+Rows 4 (RoPE's ``inv_freq`` moved to ``torch.cuda.current_device()``) and 7 (mbridge ``get_model``'s ``.cuda()``)
+of VERL_ON_CPU.md need no fix of their own: model building and forward/backward run in this scope.
 """
 
 from __future__ import annotations
@@ -22,12 +25,16 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-_LOCAL = threading.local()
+_LOCK = threading.Lock()
+_DEPTH = 0  # process-wide: torch.cuda.current_device is process-wide too
 
 
 def _is_cuda(device: Any) -> bool:
+    """A device argument that means CUDA: 'cuda', 'cuda:N', torch.device('cuda'), or a bare index (cuda:N)."""
     if isinstance(device, torch.device):
         return device.type == "cuda"
+    if isinstance(device, int) and not isinstance(device, bool):
+        return True
     return isinstance(device, str) and device.split(":")[0] == "cuda"
 
 
@@ -38,30 +45,32 @@ class _HostDeviceMode(TorchFunctionMode):
             return args[0]
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs["device"] = "cpu"
-        if func in (torch.Tensor.to,) and args and len(args) > 1 and _is_cuda(args[1]):
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
             args = (args[0], "cpu", *args[2:])
         return func(*args, **kwargs)
 
 
 @contextlib.contextmanager
 def host_device_scope() -> Iterator[None]:
-    """Run the enclosed Megatron code with CUDA device literals meaning the host (re-entrant, per thread)."""
-    if getattr(_LOCAL, "depth", 0):
-        _LOCAL.depth += 1
-        try:
-            yield
-        finally:
-            _LOCAL.depth -= 1
-        return
-    original_current_device = torch.cuda.current_device
-    torch.cuda.current_device = lambda: "cpu"
-    _LOCAL.depth = 1
+    """Run the enclosed Megatron code with CUDA device literals meaning the host (re-entrant; the mode is per
+    thread, the ``torch.cuda.current_device`` stand-in is process-wide and counted under a lock)."""
+    global _DEPTH
+    with _LOCK:
+        if _DEPTH == 0:
+            _ORIGINAL["current_device"] = torch.cuda.current_device
+            torch.cuda.current_device = lambda: "cpu"
+        _DEPTH += 1
     try:
         with _HostDeviceMode():
             yield
     finally:
-        _LOCAL.depth = 0
-        torch.cuda.current_device = original_current_device
+        with _LOCK:
+            _DEPTH -= 1
+            if _DEPTH == 0:
+                torch.cuda.current_device = _ORIGINAL.pop("current_device")
+
+
+_ORIGINAL: dict[str, Any] = {}
 
 
 def in_host_device_scope(function: Callable[..., Any]) -> Callable[..., Any]:

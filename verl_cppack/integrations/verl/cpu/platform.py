@@ -29,7 +29,7 @@ def _host_device_module() -> types.ModuleType:
     nothing = lambda *args, **kwargs: None  # noqa: E731 - nothing to free, collect or configure
     module.__dict__.update(
         is_available=lambda: True,
-        current_device=lambda: 0,
+        current_device=lambda: "cpu",  # an int would mean cuda:N to torch
         device_count=lambda: 1,
         set_device=nothing,
         synchronize=nothing,

@@ -1,0 +1,93 @@
+"""What ``verl-cppack grpo`` and ``verl-cppack ppo`` share: their flags, the run, the exit codes.
+
+Exit codes: 0 done; 2 bad input (nothing started); 3 verl's trainer or Ray failed; 130 interrupted (the trainer
+and the Ray cluster it started are stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from verl_cppack.jobs.verl_job import TRAINERS, JobKind, JobSettings
+
+EXIT_BAD_INPUT, EXIT_TRAINER_FAILED, EXIT_INTERRUPTED = 2, 3, 130
+
+
+def add_job_arguments(parser: argparse.ArgumentParser, kind: JobKind, defaults: JobSettings) -> None:
+    parser.add_argument("--cp", type=int, default=defaults.cp,
+                        help=f"context-parallel size of every Megatron model = Ray workers (default {defaults.cp})")
+    parser.add_argument("--steps", type=int, default=defaults.steps, help=f"training steps (default {defaults.steps})")
+    parser.add_argument("--output", default=f"runs/{kind.name}",
+                        help=f"output directory (default runs/{kind.name}); a non-empty one gets a fresh run-* subdirectory")
+    parser.add_argument("--address", default=None,
+                        help="join this Ray cluster (HOST:PORT; default: RAY_ADDRESS if set) instead of starting a local one")
+    parser.add_argument("--trainer", default=defaults.trainer, choices=sorted(TRAINERS),
+                        help="verl's trainer: v1 (TransferQueue, verl 0.9.1's default) or v0 (RayPPOTrainer)")
+    parser.add_argument("--seed", type=int, default=defaults.seed,
+                        help=f"seed of data order, rollout sampling and Megatron (default {defaults.seed})")
+    parser.add_argument("--prompts-per-step", type=int, default=defaults.prompts_per_step,
+                        help=f"prompts per training step, verl's data.train_batch_size (default {defaults.prompts_per_step})")
+    parser.add_argument("--group-size", type=int, default=defaults.group_size,
+                        help=f"responses per prompt, verl's rollout.n (default {defaults.group_size})")
+    parser.add_argument("--lr", type=float, default=defaults.learning_rate,
+                        help=f"actor learning rate (default {defaults.learning_rate})")
+    parser.add_argument("--verbose", action="store_true", help="also print the trainer's own output (always in trainer.log)")
+    parser.add_argument("overrides", nargs="*", metavar="HYDRA_OVERRIDE",
+                        help="KEY=VALUE overrides of verl's trainer config, applied last")  # fmt: skip
+
+
+def settings_from_args(args: argparse.Namespace) -> JobSettings:
+    return JobSettings(
+        cp=args.cp, steps=args.steps, output=args.output, address=args.address or os.environ.get("RAY_ADDRESS") or None,
+        trainer=args.trainer, seed=args.seed, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
+        learning_rate=args.lr, overrides=tuple(args.overrides), verbose=args.verbose,
+    )  # fmt: skip
+
+
+def print_summary(summary: dict) -> None:
+    print(
+        f"{summary['job']} ({summary['trainer']}, trainer {summary['trainer_version']}, verl {summary['verl_version']}): "
+        f"{summary['steps']} steps at CP={summary['cp']} in {summary['wall_s']} s; mean reward first fifth "
+        f"{summary['reward_first_fifth']:.3f} -> last fifth {summary['reward_last_fifth']:.3f}; "
+        f"rollout_probs_diff_max {summary['rollout_probs_diff_max']:.2e}; drop-in calls {summary['dropin_calls']}"
+    )
+    if summary.get("explained_variance_last_fifth") is not None:
+        print(f"critic at CP={summary['critic_cp']}: explained variance (last fifth) "
+              f"{summary['explained_variance_last_fifth']:.3f}, final vf_loss {summary['vf_loss_final']:.4f}")  # fmt: skip
+    plots = ", ".join(os.path.basename(path) for path in summary["plots"])
+    print(f"outputs: {summary['output_dir']} (metrics.jsonl, summary.json, config.json, trainer.log"
+          + (f", {plots})" if plots else ")"))  # fmt: skip
+
+
+def run_job_command(kind: JobKind, args: argparse.Namespace) -> int:
+    from verl_cppack.jobs.launcher import TrainerFailed
+    from verl_cppack.jobs.verl_job import prepare_job, progress_line, run_job
+
+    try:
+        prepared = prepare_job(kind, settings_from_args(args))
+    except (TypeError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"{kind.name}: verl.trainer.main_ppo at CP={args.cp}, {args.steps} steps -> {prepared.output_dir} "
+          f"(Ray start-up and worker init take about two minutes; trainer output in trainer.log)", flush=True)  # fmt: skip
+    try:
+        summary = run_job(prepared, on_step=lambda record: print(progress_line(record, args.steps), flush=True))
+    except TrainerFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_TRAINER_FAILED
+    except KeyboardInterrupt:
+        print("interrupted: verl's trainer and its Ray cluster were stopped; finished steps are in metrics.jsonl",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INTERRUPTED
+    print_summary(summary)
+    return 0
+
+
+def register_job(subparsers: argparse._SubParsersAction, kind: JobKind, help_text: str, description: str,
+                 defaults: JobSettings = JobSettings()) -> None:  # fmt: skip
+    parser = subparsers.add_parser(kind.name, help=help_text, description=description,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_job_arguments(parser, kind, defaults)
+    parser.set_defaults(func=lambda args: run_job_command(kind, args))

@@ -1,0 +1,58 @@
+"""PPO through verl's own trainer with a Megatron critic: actor, reference and critic at CP=N (``verl-cppack ppo``).
+
+verl's GSM8K PPO recipe (``recipes/gsm8k_ppo_megatron_cp2.sh``: GAE, a critic built from the policy's checkpoint
+with ``critic.model.external_lib=verl_cppack.verl_plugin``) with the common CPU overlay, plus the critic's own
+Megatron engine on the host at the same CP size. The critic's values go through verl_cppack's packed CP path
+(``value_model=True``): packed, zigzag-sliced and gathered back to ``[batch, response]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from verl_cppack.jobs.output import Panel, fifth_means
+from verl_cppack.jobs.trainer_config import PLUGIN, CpuRun, megatron_overlay
+from verl_cppack.jobs.verl_job import JobKind, JobSettings
+
+CRITIC_LEARNING_RATE = 1e-3
+CRITIC_WARMUP_STEPS = 0
+
+
+def critic_overlay(run: CpuRun) -> list[str]:
+    batch = run.prompts_per_step * run.group_size
+    return [
+        *megatron_overlay("critic.megatron", run),
+        f"critic.model.path={run.assets.model}",
+        f"critic.model.external_lib={PLUGIN}",
+        f"critic.optim.lr={CRITIC_LEARNING_RATE}",
+        f"critic.ppo_mini_batch_size={run.prompts_per_step // run.mini_batches}",
+        f"critic.ppo_micro_batch_size_per_gpu={batch // run.mini_batches}",
+        f"trainer.critic_warmup={CRITIC_WARMUP_STEPS}",
+    ]
+
+
+def critic_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    explained = [record["critic/vf_explained_var"] for record in records if "critic/vf_explained_var" in record]
+    return {
+        "critic_cp": records[0]["cp"],
+        "explained_variance_last_fifth": fifth_means(explained)[1] if explained else None,
+        "vf_loss_final": records[-1].get("critic/vf_loss"),
+    }
+
+
+PPO = JobKind(
+    name="ppo",
+    recipe="gsm8k_ppo_megatron_cp2.sh",
+    overlay=critic_overlay,
+    panels=(
+        Panel("reward_mean", "mean reward (critic/score/mean)", "tab:blue", ylim=(0, 1)),
+        Panel("actor/entropy", "actor entropy", "tab:green"),
+        Panel("critic/vf_loss", "critic/vf_loss", "tab:red", log_scale=True),
+        Panel("critic/vf_explained_var", "critic/vf_explained_var", "tab:purple"),
+        Panel("critic/values/mean", "critic/values/mean", "tab:orange"),
+    ),
+    summary=critic_summary,
+)
+
+PPO_DEFAULTS = JobSettings(prompts_per_step=32, group_size=4)  # 128 responses per step, as grpo's 16 x 8

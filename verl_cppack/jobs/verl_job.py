@@ -1,0 +1,178 @@
+"""A job that runs verl's own trainer (``verl.trainer.main_ppo``) on the counting task, on this machine's CPU.
+
+A ``JobKind`` names a GPU recipe in ``recipes/`` and what its CPU run adds (extra overrides, plot panels, summary
+fields); ``grpo.py`` and ``ppo.py`` define the two. ``prepare_job`` checks every input and composes the full
+trainer configuration before anything starts (a bad value or an unknown Hydra key is a ``ValueError``);
+``run_job`` runs the trainer and writes ``metrics.jsonl``, ``summary.json``, ``config.json`` and the curves into a
+fresh output directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_cppack.core.checks import require_int
+from verl_cppack.jobs.counting_task import ensure_counting_assets
+from verl_cppack.jobs.launcher import TrainerRun, ray_host_port, run_trainer, summarize
+from verl_cppack.jobs.output import Panel, fresh_output_dir, plot_panels
+from verl_cppack.jobs.trainer_config import (
+    CpuRun,
+    compose_trainer_config,
+    cpu_overlay,
+    merge_overrides,
+    recipe_overrides,
+)
+
+TRAINERS = {"v1": "True", "v0": "False"}  # --trainer -> trainer.use_v1; verl 0.9.1's default is v1
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str  # "grpo" / "ppo": the subcommand and the default output directory
+    recipe: str  # the GPU recipe in recipes/ whose overrides come first
+    overlay: Callable[[CpuRun], list[str]]  # what this kind adds to the common CPU overlay
+    panels: tuple[Panel, ...]  # curves drawn from metrics.jsonl (reward_curve.png, ...)
+    summary: Callable[[Sequence[dict[str, Any]]], dict[str, Any]] = lambda records: {}
+    min_group_size: int = 1  # GRPO normalises rewards within a group: 2
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    cp: int = 2
+    steps: int = 30
+    output: str | None = None  # default: runs/<kind>
+    address: str | None = None
+    trainer: str = "v1"
+    seed: int = 0
+    prompts_per_step: int = 16
+    group_size: int = 8
+    learning_rate: float = 3e-3
+    overrides: tuple[str, ...] = ()
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("cp", "steps", "prompts_per_step", "group_size"):
+            require_int(name, getattr(self, name), minimum=1)
+        require_int("seed", self.seed, minimum=0)
+        if self.trainer not in TRAINERS:
+            raise ValueError(f"trainer must be one of {sorted(TRAINERS)}, got {self.trainer!r}")
+        if not (isinstance(self.learning_rate, float) and 0 < self.learning_rate < 1):
+            raise ValueError(f"learning rate must be a float in (0, 1), got {self.learning_rate!r}")
+        if self.address is not None:
+            ray_host_port(self.address)
+        bad = [o for o in self.overrides if "=" not in o or o.startswith("-")]
+        if bad:
+            raise ValueError(f"Hydra overrides must be KEY=VALUE, got {bad}")
+
+
+@dataclass
+class PreparedJob:
+    kind: JobKind
+    settings: JobSettings
+    overrides: list[str]
+    output_dir: Path
+    config: Any = field(repr=False)
+
+
+def prepare_job(kind: JobKind, settings: JobSettings, output_dir: Path | None = None) -> PreparedJob:
+    """Check everything that can be checked without Ray; compose verl's config (``ValueError`` on any problem)."""
+    if settings.group_size < kind.min_group_size:
+        raise ValueError(f"group_size must be >= {kind.min_group_size} for {kind.name}, got {settings.group_size}")
+    output_dir = output_dir or fresh_output_dir(settings.output or f"runs/{kind.name}")
+    run = CpuRun(
+        assets=ensure_counting_assets(), cp=settings.cp, steps=settings.steps,
+        prompts_per_step=settings.prompts_per_step, group_size=settings.group_size, seed=settings.seed,
+        learning_rate=settings.learning_rate, output_dir=output_dir,
+    )  # fmt: skip
+    overrides = merge_overrides(
+        recipe_overrides(kind.recipe), cpu_overlay(run), kind.overlay(run),
+        [f"trainer.use_v1={TRAINERS[settings.trainer]}", f"trainer.experiment_name={kind.name}_cpu"],
+        settings.overrides,
+    )  # fmt: skip
+    config = compose_trainer_config(overrides)
+    check_composed(config)
+    return PreparedJob(kind, settings, overrides, output_dir, config)
+
+
+def check_composed(config: Any) -> None:
+    """What verl would only find out inside Ray: a model directory that is not there, an inconsistent config."""
+    from hydra.errors import InstantiationException
+
+    from verl_cppack.integrations.verl import cpu
+
+    cpu.activate()  # this process validates a CPU run: verl's config classes must see what the workers will
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    for key in ("actor_rollout_ref.model.path", "critic.model.path"):
+        path = Path(str(_select(config, key))).expanduser()
+        if key.startswith("critic") and not need_critic(config):
+            continue
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"{key}={path} is not a Hugging Face checkpoint directory (no config.json); nothing can be "
+                "downloaded on this machine, so pass a local directory"
+            )
+    if str(config.trainer.device) != "cpu":
+        raise ValueError(f"this job runs verl on the host: trainer.device must be cpu, got {config.trainer.device}")
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # verl's notes go to trainer.log
+            warnings.simplefilter("ignore")
+            validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    except (AssertionError, ValueError, TypeError, InstantiationException) as error:
+        raise ValueError(f"verl's validate_config rejects the configuration: {error}") from error
+
+
+def _select(config: Any, dotted: str) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(config, dotted)
+
+
+def progress_line(record: dict[str, Any], total_steps: int) -> str:
+    return (
+        f"step {record['step']}/{total_steps}  reward {record['reward_mean']:.3f}  "
+        f"pg_loss {record.get('actor/pg_loss', float('nan')):+.4f}  "
+        + (f"vf_loss {record['critic/vf_loss']:.4f}  " if "critic/vf_loss" in record else "")
+        + f"probs_diff_max {record.get('training/rollout_probs_diff_max', float('nan')):.1e}  "
+        f"{record.get('timing_s/step', float('nan')):.1f}s"
+    )
+
+
+def run_job(prepared: PreparedJob, on_step: Callable[[dict[str, Any]], None] = lambda record: None) -> dict[str, Any]:
+    """Run verl's trainer; write the outputs; return the summary."""
+    import verl
+
+    kind, settings, output_dir = prepared.kind, prepared.settings, prepared.output_dir
+    (output_dir / "config.json").write_text(
+        json.dumps({"job": kind.name, "settings": asdict(settings), "overrides": prepared.overrides}, indent=2)
+    )
+    run = TrainerRun(overrides=prepared.overrides, output_dir=output_dir, cp=settings.cp, address=settings.address,
+                     verbose=settings.verbose)  # fmt: skip
+    started = time.monotonic()
+    records = run_trainer(run, on_step)
+    summary = {"job": kind.name, **summarize(records, run, time.monotonic() - started, verl.__version__)}
+    summary.update(trainer_version=settings.trainer, **kind.summary(records))
+    summary["plots"] = write_plots(kind, records, output_dir)
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    return summary
+
+
+def write_plots(kind: JobKind, records: Sequence[dict[str, Any]], output_dir: Path) -> list[str]:
+    """``reward_curve.png`` (reward and actor panels) and, for a job with a critic, ``critic_curve.png``."""
+    written = []
+    groups = {"reward_curve.png": [p for p in kind.panels if not p.key.startswith("critic/vf")],
+              "critic_curve.png": [p for p in kind.panels if p.key.startswith("critic/vf")]}  # fmt: skip
+    for name, panels in groups.items():
+        present = [panel for panel in panels if all(panel.key in record for record in records)]
+        if present and plot_panels(records, output_dir / name, f"verl {kind.name.upper()}, counting task", present) is None:
+            written.append(str(output_dir / name))
+    return written
