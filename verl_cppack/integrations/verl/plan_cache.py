@@ -68,7 +68,7 @@ class SourceSnapshot:
     def __init__(self, source: torch.Tensor, reference: weakref.ref | None = None) -> None:
         self.reference = weakref.ref(source) if reference is None else reference
         self.version = source._version
-        self.kept = source.detach().clone(memory_format=torch.contiguous_format)
+        self.kept = source.clone(memory_format=torch.contiguous_format)  # integer: no autograd to detach from
 
     def matches(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is the source, unchanged. On an accelerator the contents are checked by an
