@@ -211,6 +211,7 @@ def summarize(records: Sequence[dict[str, Any]], run: TrainerRun, wall_s: float,
     rewards = [record["reward_mean"] for record in records]
     first, last = fifth_means(rewards)
     counts = read_call_counts(run.call_count_dir) if run.call_count_dir.exists() else {}
+    roles = read_call_counts(run.call_count_dir, "roles") if run.call_count_dir.exists() else {}
     return {
         "trainer": "verl.trainer.main_ppo",
         "verl_version": verl_version,
@@ -222,6 +223,7 @@ def summarize(records: Sequence[dict[str, Any]], run: TrainerRun, wall_s: float,
         "rollout_probs_diff_max": max(r.get("training/rollout_probs_diff_max", float("nan")) for r in records),
         "dropin_calls": sum(counts.values()),
         "dropin_calls_by_name": counts,
+        "dropin_calls_by_role": roles,  # policy (actor and reference) / critic
         "wall_s": round(wall_s, 1),
         "output_dir": str(run.output_dir),
     }

@@ -15,8 +15,8 @@ from verl_cppack.jobs.output import Panel, fifth_means
 from verl_cppack.jobs.trainer_config import PLUGIN, CpuRun, megatron_overlay
 from verl_cppack.jobs.verl_job import JobKind, JobSettings
 
-CRITIC_LEARNING_RATE = 1e-3
-CRITIC_WARMUP_STEPS = 0
+CRITIC_LEARNING_RATE = 5e-4
+CRITIC_WARMUP_STEPS = 3
 
 
 def critic_overlay(run: CpuRun) -> list[str]:

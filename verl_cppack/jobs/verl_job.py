@@ -137,14 +137,20 @@ def _select(config: Any, dotted: str) -> Any:
     return OmegaConf.select(config, dotted)
 
 
+PROGRESS_FIELDS = (  # metric, label, format; a metric the step did not log is left out (e.g. pg_loss in critic warm-up)
+    ("actor/pg_loss", "pg_loss", "{:+.4f}"),
+    ("critic/vf_loss", "vf_loss", "{:.4f}"),
+    ("critic/vf_explained_var", "vf_ev", "{:+.3f}"),
+    ("training/rollout_probs_diff_max", "probs_diff_max", "{:.1e}"),
+)
+
+
 def progress_line(record: dict[str, Any], total_steps: int) -> str:
-    return (
-        f"step {record['step']}/{total_steps}  reward {record['reward_mean']:.3f}  "
-        f"pg_loss {record.get('actor/pg_loss', float('nan')):+.4f}  "
-        + (f"vf_loss {record['critic/vf_loss']:.4f}  " if "critic/vf_loss" in record else "")
-        + f"probs_diff_max {record.get('training/rollout_probs_diff_max', float('nan')):.1e}  "
-        f"{record.get('timing_s/step', float('nan')):.1f}s"
-    )
+    parts = [f"step {record['step']}/{total_steps}", f"reward {record['reward_mean']:.3f}"]
+    parts += [f"{label} {form.format(record[key])}" for key, label, form in PROGRESS_FIELDS if key in record]
+    if "timing_s/step" in record:
+        parts.append(f"{record['timing_s/step']:.1f}s")
+    return "  ".join(parts)
 
 
 def run_job(prepared: PreparedJob, on_step: Callable[[dict[str, Any]], None] = lambda record: None) -> dict[str, Any]:
