@@ -121,7 +121,6 @@ def build_tiny_gpt(
     max_sequence_length: int = 256,
     attention: Literal["allgather", "ring"] = "allgather",
     seed: int = 0,
-    value_head: bool = False,
     use_te: bool = True,
 ) -> Any:
     """A small fp32 Megatron ``GPTModel`` (RoPE, optional GQA, no dropout) on the current parallel state.
@@ -129,8 +128,7 @@ def build_tiny_gpt(
     ``init_megatron_parallel`` must have run. Weights depend only on ``seed`` and the shapes, never on
     the CP size. Under gloo (or without CUDA) the model lives on CPU with the workarounds above; under
     nccl it is built on the GPU with the stock RoPE and, when TE is installed, TE attention.
-    ``value_head=True`` replaces the vocabulary projection by a scalar head (``[.., 1]`` per token, a
-    critic's value). ``use_te=False`` keeps the reference attention even on CUDA + TE.
+    ``use_te=False`` keeps the reference attention even on CUDA + TE.
     """
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
@@ -181,21 +179,7 @@ def build_tiny_gpt(
     )
     if on_cpu:
         _keep_rope_on_cpu(model)
-    if value_head:
-        model.output_layer = ScalarValueHead(hidden_size, seed=seed).to(next(model.parameters()).device)
     return model
-
-
-class ScalarValueHead(torch.nn.Module):
-    """Critic head in place of ``GPTModel.output_layer``: ``[s, b, hidden] -> ([s, b, 1], None)``."""
-
-    def __init__(self, hidden_size: int, *, seed: int = 0) -> None:
-        super().__init__()
-        generator = torch.Generator().manual_seed(seed + 1)
-        self.weight = torch.nn.Parameter(torch.randn(1, hidden_size, generator=generator) / hidden_size**0.5)
-
-    def forward(self, hidden_states: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None, **_: Any):
-        return torch.nn.functional.linear(hidden_states, self.weight), None
 
 
 def _keep_rope_on_cpu(model: torch.nn.Module) -> None:
