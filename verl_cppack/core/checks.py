@@ -99,12 +99,12 @@ def require_jagged(name: str, value: object) -> torch.Tensor:
 def require_true(condition: torch.Tensor, message: str) -> None:
     """Raise ``ValueError(message)`` unless the bool tensor ``condition`` is True, without a host sync.
 
-    On the CPU the value is read (nothing to wait for). On an accelerator the check is queued on the device
-    (``torch._assert_async``): no sync, and a False stops the process with a device-side assertion when
-    it runs — loud, never a silently wrong result.
+    On the CPU the value is read from the tensor's memory (numpy: nothing to wait for, no ATen op). On an
+    accelerator the check is queued on the device (``torch._assert_async``): no sync, and a False stops the
+    process with a device-side assertion when it runs — loud, never a silently wrong result.
     """
     if condition.device.type == "cpu":
-        if not bool(condition):
+        if not condition.numpy().item():
             raise ValueError(message)
     else:
         torch._assert_async(condition, message)
