@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from verl_cppack.bench.verl_step import (
-    README_BEGIN,
-    README_END,
+    SECTION_BEGIN,
+    SECTION_END,
     BenchSettings,
     performance_section,
     run_benchmark,
-    update_readme,
+    update_generated_section,
     write_outputs,
 )
 
@@ -41,10 +41,10 @@ def test_report_files_and_readme_section(rows, tmp_path):
     paths = write_outputs(rows, BenchSettings(repeats=1), tmp_path)
     assert paths["table"].read_text().count("\n") == 2 + len(rows)
     readme = tmp_path / "README.md"
-    readme.write_text(f"# title\n{README_BEGIN}\nold\n{README_END}\ntail\n")
-    update_readme(readme, performance_section(rows, BenchSettings(repeats=1), None))
+    readme.write_text(f"# title\n{SECTION_BEGIN}\nold\n{SECTION_END}\ntail\n")
+    update_generated_section(readme, performance_section(rows, BenchSettings(repeats=1), None))
     text = readme.read_text()
-    assert "old" not in text and text.endswith(f"{README_END}\ntail\n") and "| 64 | 2 | 8 |" in text
+    assert "old" not in text and text.endswith(f"{SECTION_END}\ntail\n") and "| 64 | 2 | 8 |" in text
 
 
 def test_times_of_several_runs_are_their_medians_and_counts_come_from_the_first():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import dataclasses
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from verl_cppack.bench.verl_step import (
     performance_section,
     run_benchmark,
     summary_lines,
-    update_readme,
+    update_generated_section,
     write_outputs,
 )
 
@@ -37,13 +38,13 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(summary_lines(rows)))
     paths = write_outputs(rows, settings, Path(args.output))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
-    if args.update_readme:
-        readme = Path(args.readme)
+    if args.update_docs:
+        document = Path(args.doc)
         plot_path = None
         if "plot" in paths:
-            plot_path = str(Path(paths["plot"]).resolve().relative_to(readme.resolve().parent))
-        update_readme(readme, performance_section(rows, settings, plot_path))
-        print(f"updated the performance section of {readme}")
+            plot_path = os.path.relpath(Path(paths["plot"]).resolve(), document.resolve().parent)
+        update_generated_section(document, performance_section(rows, settings, plot_path))
+        print(f"updated the generated section of {document}")
     missed = check_targets(rows)
     for line in missed:
         print(f"target missed: {line}")
@@ -85,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--system-malloc", action="store_true", help="CPU: leave glibc's defaults (freed buffers go back to the OS)"
     )
-    parser.add_argument("--update-readme", action="store_true", help="rewrite README's performance section")
-    parser.add_argument("--readme", default="README.md", help="README to update (default ./README.md)")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a README target is missed")
+    parser.add_argument("--update-docs", action="store_true", help="rewrite the generated section of --doc")
+    parser.add_argument("--doc", default="docs/performance.md", help="document to update (default docs/performance.md)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a performance target is missed")
     parser.set_defaults(func=run)
