@@ -63,7 +63,7 @@ def _joined(values: tuple[int, ...]) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmark verl's packing functions against verl_cppack's")
+    parser = subparsers.add_parser("bench", help="benchmark verl's packing functions against verl_cppack's", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke run)")
     parser.add_argument("--output", default="bench_out", help="folder for results.json, table.md, speedup.png")
     defaults = BenchSettings()

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="print the worked example's packed layout per CP rank")
+    parser = subparsers.add_parser("demo", help="print the worked example's packed layout per CP rank", description=__doc__)
     parser.add_argument("--cp", type=int, default=2, help="context-parallel size (default 2)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     parser.set_defaults(func=run)

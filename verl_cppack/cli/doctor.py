@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("doctor", help="versions, verl API generation, and where the verl patch is installed")
+    parser = subparsers.add_parser("doctor", help="versions, verl API generation, and where the verl patch is installed", description=__doc__)
     parser.add_argument("--verify", action="store_true", help="install the patch here, import verl's callers, list coverage")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)

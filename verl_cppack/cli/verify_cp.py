@@ -246,19 +246,23 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "verify-cp", help="check that CP=N gives the CP=1 log-probs, entropy and gradients (tiny GPT, gloo, CPU)"
+        "verify-cp", help="check that CP=N gives the CP=1 log-probs, entropy and gradients (tiny GPT, gloo, CPU)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--cp", type=int, default=2, help="context-parallel size N to check (default 2)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (only 1 for now)")
-    parser.add_argument("--layout", choices=("zigzag", "contiguous"), default="zigzag")
-    parser.add_argument("--attention", choices=("allgather", "ring"), default="allgather")
+    parser.add_argument("--layout", choices=("zigzag", "contiguous"), default="zigzag",
+                        help="CP layout: zigzag (ring / TE) or contiguous (contiguous needs a megatron-core with "
+                        "cp_partition_mode; 0.16.1 has none, so it is refused there)")
+    parser.add_argument("--attention", choices=("allgather", "ring"), default="allgather",
+                        help="CP attention: all-gather K/V or zigzag ring (default allgather)")
     parser.add_argument(
         "--forward", choices=("auto", "verl", "ours"), default="auto",
         help="auto: verl's engine forward with verl_cppack installed when available, else verl_cppack's own",
     )  # fmt: skip
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON here")
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--prompt-length", type=int, default=12)
-    parser.add_argument("--response-length", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=4, help="rollout rows (default 4)")
+    parser.add_argument("--prompt-length", type=int, default=12, help="longest left-padded prompt (default 12)")
+    parser.add_argument("--response-length", type=int, default=20, help="longest right-padded response (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the batch and the model's weights (default 0)")
     parser.set_defaults(func=run)
