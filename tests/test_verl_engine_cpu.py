@@ -8,7 +8,8 @@ The engine initialises Megatron's parallel state itself (``MegatronEngine._init_
 
 The batch is what verl's trainer sends to ``compute_log_prob`` / ``update_actor``: left-padded prompts,
 right-padded responses of varying lengths (one of a single token), converted by verl's
-``left_right_2_no_padding``. Log-probs come back through verl's ``no_padding_2_padding``.
+``left_right_2_no_padding``. Log-probs come back through verl's ``no_padding_2_padding``. Engine, batch and
+log-prob pass are ``verl_cppack.jobs.megatron_engine``'s (what ``verl-cppack ref-logprobs`` runs).
 
 Specified:
 - the engine's log-probs at CP=2 equal those at CP=1, and both equal ``log_softmax`` of the Hugging Face
@@ -42,9 +43,8 @@ GRAD_NORM_RELATIVE_TOLERANCE = 1e-4
 TINY = CountingAssets(hidden_size=32, intermediate_size=64, num_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, train_prompts=4, test_prompts=4)  # fmt: skip
 
-# (prompt, response) token ids; the prompt is left-padded to PROMPT_LENGTH, the response right-padded to
-# RESPONSE_LENGTH. Responses of one and of full length, prompts of one and of full length, a two-token sequence.
-PAD = 0
+# (prompt, response) token ids; verl's rollout batch left-pads prompts to the longest (6) and right-pads responses
+# to the longest (5). Responses of one and of full length, prompts of one and of full length, a two-token sequence.
 PROMPT_LENGTH, RESPONSE_LENGTH = 6, 5
 SAMPLES = (
     ([5, 6, 7], [8, 9, 10, 11]),
@@ -53,28 +53,6 @@ SAMPLES = (
     ([4, 4, 9, 2], [7, 7, 7, 7, 7]),
     ([9], [10]),  # two tokens in all: shorter than one CP=2 slot (4)
 )
-
-
-def left_right_padded_batch() -> dict[str, torch.Tensor]:
-    """The tensors verl's trainer holds after rollout (``DataProto.batch``): left-padded prompts,
-    right-padded responses, attention/response masks and position ids counted over real tokens."""
-    batch = len(SAMPLES)
-    prompts = torch.full((batch, PROMPT_LENGTH), PAD)
-    responses = torch.full((batch, RESPONSE_LENGTH), PAD)
-    attention_mask = torch.zeros(batch, PROMPT_LENGTH + RESPONSE_LENGTH, dtype=torch.int64)
-    for row, (prompt, response) in enumerate(SAMPLES):
-        prompts[row, PROMPT_LENGTH - len(prompt) :] = torch.tensor(prompt)
-        responses[row, : len(response)] = torch.tensor(response)
-        attention_mask[row, PROMPT_LENGTH - len(prompt) : PROMPT_LENGTH + len(response)] = 1
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    return {
-        "prompts": prompts,
-        "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "response_mask": attention_mask[:, PROMPT_LENGTH:].clone(),
-    }
 
 
 def hf_response_log_probs(model_path: str) -> torch.Tensor:
@@ -90,16 +68,6 @@ def hf_response_log_probs(model_path: str) -> torch.Tensor:
     return expected
 
 
-CPU_ENGINE_OVERRIDES = {  # shared/VERL_ON_CPU.md "Config knobs": no Transformer Engine, no CUDA fusions
-    "use_cpu_initialization": True,
-    "masked_softmax_fusion": False,
-    "apply_rope_fusion": False,
-    "bias_activation_fusion": False,
-    "bias_dropout_fusion": False,
-    "gradient_accumulation_fusion": False,
-    "persist_layer_norm": False,
-    "attention_backend": "auto",
-}
 KL_COEF, REF_OFFSET = 0.1, 0.05  # reference log-probs = old log-probs - REF_OFFSET
 ADVANTAGES = (1.0, -1.0, 1.0, -0.5, 2.0)  # one per sample, the same at every response token
 
@@ -115,76 +83,44 @@ def run_engine(rank: int, world_size: int, model_path: str, context_parallel_siz
     from functools import partial
 
     from megatron.core import parallel_state as mpu
-    from verl.trainer.config import CheckpointConfig
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.config import HFModelConfig, McoreActorConfig, McoreEngineConfig, McoreOptimizerConfig
-    from verl.workers.engine import EngineRegistry
+    from verl.workers.config import McoreActorConfig
     from verl.workers.utils.losses import ppo_loss
-    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
     from verl_cppack.integrations.verl import cpu
+    from verl_cppack.jobs.megatron_engine import (
+        EngineSettings,
+        build_megatron_engine,
+        engine_batch,
+        response_log_probs,
+        rollout_tensors,
+    )
 
     batch_size = len(SAMPLES)
-    model_config = HFModelConfig(path=model_path, use_remove_padding=True)
-    engine_config = McoreEngineConfig(
-        strategy="megatron",
-        dtype="float32",
-        use_mbridge=True,
-        vanilla_mbridge=True,
-        use_distributed_optimizer=False,
-        context_parallel_size=context_parallel_size,
-        use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=batch_size,
-        infer_micro_batch_size_per_gpu=batch_size,
-        override_transformer_config=dict(CPU_ENGINE_OVERRIDES),
-    )
-    optimizer_config = McoreOptimizerConfig(lr=1e-2, clip_grad=1.0, total_training_steps=1)
+    built = build_megatron_engine(
+        EngineSettings(model_path, context_parallel_size=context_parallel_size, micro_batch_size=batch_size,
+                       learning_rate=1e-2, clip_grad=1.0, total_training_steps=1)
+    )  # fmt: skip
+    engine, outputs = built.engine, built.has_outputs
     actor_config = McoreActorConfig(
         strategy="megatron", rollout_n=1, ppo_mini_batch_size=batch_size, ppo_micro_batch_size_per_gpu=batch_size,
-        use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=KL_COEF, megatron=engine_config,
-        optim=optimizer_config,
+        use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=KL_COEF, megatron=built.engine_config,
+        optim=built.optimizer_config,
     )  # fmt: skip
-
-    # TrainingWorker.__init__ / reset()
-    engine_config.use_remove_padding = model_config.get("use_remove_padding", False)
-    model_config.model_type = "language_model"
-    engine = EngineRegistry.new(
-        model_type="language_model",
-        backend=engine_config.strategy,
-        model_config=model_config,
-        engine_config=engine_config,
-        optimizer_config=optimizer_config,
-        checkpoint_config=CheckpointConfig(),
-    )
-    engine.initialize()
-    outputs = engine.is_mp_src_rank_with_outputs()
     attention = engine.module[0].module.decoder.layers[0].self_attention.core_attention
-
-    def trainer_batch(extra: dict[str, torch.Tensor], **meta) -> "TensorDict":  # noqa: F821
-        """``DataProto.to_tensordict()`` then ``left_right_2_no_padding``, plus the meta the trainer and
-        ``TrainingWorker`` attach (the rollout temperature, the engine's batching settings)."""
-        data = left_right_2_no_padding(tu.get_tensordict({**left_right_padded_batch(), **extra}))
-        tu.assign_non_tensor(
-            data, temperature=1.0, use_remove_padding=True, use_dynamic_bsz=False, micro_batch_size_per_gpu=batch_size,
-            max_token_len_per_gpu=None, use_fused_kernels=False, **meta,
-        )  # fmt: skip
-        return data
+    tensors = rollout_tensors(SAMPLES)
 
     # _compute_ref_log_prob -> compute_ref_log_prob -> TrainingWorker.infer_batch
-    data = trainer_batch({}, calculate_entropy=False, compute_loss=False)
-    with engine.eval_mode():
-        output = engine.infer_batch(data, loss_function=None)
-    log_probs = no_padding_2_padding(output["model_output"]["log_probs"], data).float() if outputs else None
+    log_probs = response_log_probs(built, tensors, micro_batch_size=batch_size)
 
     # _update_actor -> update_actor -> train_mini_batch -> TrainingWorker.train_batch, one mini-batch
     old_log_probs = log_probs if outputs else torch.zeros(batch_size, RESPONSE_LENGTH)
     torch.distributed.broadcast(old_log_probs, src=0)  # the trainer sends every rank the same batch
-    response_mask = left_right_padded_batch()["response_mask"].float()
+    response_mask = tensors["response_mask"].float()
     advantages = torch.tensor(ADVANTAGES)[:, None] * response_mask
-    data = trainer_batch(
-        {"old_log_probs": old_log_probs, "ref_log_prob": old_log_probs - REF_OFFSET, "advantages": advantages},
-        calculate_entropy=False, compute_loss=True, global_batch_size=batch_size, distillation_use_topk=False,
-        distillation_only=False,
+    extra = {"old_log_probs": old_log_probs, "ref_log_prob": old_log_probs - REF_OFFSET, "advantages": advantages}
+    data = engine_batch(
+        {**tensors, **extra}, batch_size, calculate_entropy=False, compute_loss=True, global_batch_size=batch_size,
+        distillation_use_topk=False, distillation_only=False,
     )  # fmt: skip
     before = [parameter.detach().clone() for parameter in engine.module[0].parameters()]
     with engine.train_mode():

@@ -1,65 +1,65 @@
-"""``verl-cppack ref-logprobs``: reference-model log-probs of prompt/response pairs on Ray CP workers."""
+"""``verl-cppack ref-logprobs``: reference log-probs of prompt/response pairs through verl's Megatron engine.
+
+Spawns --cp gloo processes on this machine; each builds verl's forward-only (reference) Megatron engine on the
+Hugging Face checkpoint --model (default: the tiny counting model, made and cached on first use) with
+verl_cppack's drop-ins and the CPU support, and scores the response tokens as verl's reference worker does
+(``left_right_2_no_padding`` -> ``infer_batch`` -> ``no_padding_2_padding``), packed THD, zigzag-sliced at CP>1.
+Input rows hold integer lists ``prompt_ids`` and ``response_ids`` (.jsonl or .parquet), or --synthetic N random
+pairs. Writes DIR/ref_logprobs.jsonl (prompt_ids, response_ids, ref_log_probs per row), DIR/summary.json and
+each worker's own output in DIR/worker-<rank>.log.
+
+Exit codes: 0 done; 2 bad input (nothing started); 3 a worker failed (the others are stopped); 130 interrupted
+(every worker stopped).
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
-from verl_cppack.rl.task import CountingTask
-from verl_cppack.rl.worker import WorkerSettings
+EXIT_BAD_INPUT, EXIT_WORKER_FAILED, EXIT_INTERRUPTED = 2, 3, 130
 
 
 def run(args: argparse.Namespace) -> int:
-    from verl_cppack.rl.cluster import WorkerError
-    from verl_cppack.rl.ref_logprobs import (
-        RefLogprobsConfig,
-        compute_reference_log_probs,
-        load_pairs,
-        synthetic_pairs,
-        write_reference_log_probs,
-    )
+    from verl_cppack.jobs.ref_logprobs import BadInput, WorkerFailed, prepare
+    from verl_cppack.jobs.ref_logprobs import run as run_request
 
-    worker = dataclasses.replace(
-        WorkerSettings(), seed=args.seed, vocab_size=args.vocab_size, attention=args.attention, forward=args.forward,
-        device=args.device,
-    )
-    config = RefLogprobsConfig(cp=args.cp, micro_batch_size=args.micro_batch_size, address=args.address, worker=worker)
-    if args.input:
-        pairs = load_pairs(args.input)
-    else:
-        pairs = synthetic_pairs(CountingTask(vocab_size=args.vocab_size), args.synthetic, args.data_seed)
-    longest = max(len(prompt) + len(response) for prompt, response in pairs)
-    if longest > worker.max_sequence_length:
-        worker = dataclasses.replace(worker, max_sequence_length=longest)
-        config = dataclasses.replace(config, worker=worker)
     try:
-        log_probs = compute_reference_log_probs(pairs, config)
-    except WorkerError as error:
+        request = prepare(model=args.model, input_path=args.input, synthetic=args.synthetic, cp=args.cp,
+                          micro_batch_size=args.micro_batch_size, output=args.output, seed=args.seed)  # fmt: skip
+    except BadInput as error:
         print(f"error: {error}", file=sys.stderr)
-        return 3
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("interrupted: workers killed and Ray shut down", file=sys.stderr)
-        return 130
-    output_dir = write_reference_log_probs(args.output, pairs, log_probs, config)
-    tokens = sum(len(values) for values in log_probs)
-    print(f"ref-logprobs: {len(pairs)} rows, {tokens} response tokens at CP={args.cp} -> {output_dir / 'ref_logprobs.jsonl'}")
+        print("interrupted: nothing was started", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"ref-logprobs: {len(request.pairs)} rows at CP={request.cp} on {request.model}: starting {request.cp} "
+          f"gloo process(es) -> {request.output_dir}", flush=True)  # fmt: skip
+    try:
+        summary = run_request(request)
+    except WorkerFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_WORKER_FAILED
+    except KeyboardInterrupt:
+        print("interrupted: every worker was stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"ref-logprobs: {summary['rows']} rows, {summary['tokens']} response tokens at CP={summary['cp']} in "
+          f"{summary['wall_s']:.1f} s -> {request.output_dir / 'ref_logprobs.jsonl'}")  # fmt: skip
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("ref-logprobs", help="reference log-probs on Ray CP workers", description=__doc__)
+    parser = subparsers.add_parser("ref-logprobs", help="reference log-probs through verl's Megatron engine at CP=N",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--model", default=None,
+                        help="Hugging Face checkpoint directory (default: the tiny counting model)")  # fmt: skip
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--input", help=".jsonl or .parquet with prompt_ids / response_ids columns")
-    source.add_argument("--synthetic", type=int, default=64, help="score N synthetic counting-task pairs (default 64)")
-    parser.add_argument("--cp", type=int, default=2, help="context-parallel size (default 2)")
-    parser.add_argument("--output", default="runs/ref-logprobs", help="output directory (a non-empty one gets a run-* subdir)")
-    parser.add_argument("--address", default=None, help="join this Ray cluster (default: RAY_ADDRESS, else local)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the reference model's weights")
-    parser.add_argument("--data-seed", type=int, default=0, help="seed of the --synthetic pairs")
-    parser.add_argument("--vocab-size", type=int, default=WorkerSettings().vocab_size)
-    parser.add_argument("--attention", default="allgather", choices=("allgather", "ring"))
-    parser.add_argument("--forward", default="verl", choices=("verl", "cppack"), help="log-prob path (see grpo --help)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu: gloo workers; cuda: nccl")
-    parser.add_argument("--micro-batch-size", type=int, default=64)
+    source.add_argument("--input", help=".jsonl or .parquet with integer-list columns prompt_ids and response_ids")
+    source.add_argument("--synthetic", type=int, default=64, help="score N random pairs instead (default 64)")
+    parser.add_argument("--cp", type=int, default=2, help="context-parallel size = gloo processes (default 2)")
+    parser.add_argument("--micro-batch-size", type=int, default=8, help="rows per infer_batch call (default 8)")
+    parser.add_argument("--output", default="runs/ref-logprobs",
+                        help="output directory (default runs/ref-logprobs); a non-empty one gets a fresh run-* "
+                             "subdirectory")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --synthetic pairs and of Megatron (default 0)")
     parser.set_defaults(func=run)

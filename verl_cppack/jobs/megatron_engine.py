@@ -1,0 +1,207 @@
+"""verl's Megatron engine on the host, without Ray, and the batches verl's trainer sends it.
+
+The engine is built exactly as verl's ``TrainingWorker.__init__`` builds it (``EngineRegistry.new`` with
+``HFModelConfig`` / ``McoreEngineConfig`` / ``McoreOptimizerConfig`` / ``CheckpointConfig``) with the CPU
+settings of ``shared/VERL_ON_CPU.md`` ("Config knobs", ``HOST_TRANSFORMER_CONFIG``). Call these functions in a
+process that has set ``VERL_PLATFORM=cpu`` before importing verl, imported ``verl_cppack.verl_plugin`` and
+initialised a ``torch.distributed`` process group; the engine initialises Megatron's parallel state itself
+(``MegatronEngine._init_device_mesh``). verl is imported inside the functions, so importing this module
+imports nothing of verl or Megatron.
+
+Batches are what verl's trainer holds after rollout (``DataProto.batch``): prompts left-padded, responses
+right-padded (:func:`rollout_tensors`), converted by verl's ``left_right_2_no_padding``
+(:func:`engine_batch`); log-probs come back through verl's ``no_padding_2_padding``
+(:func:`response_log_probs`), the path of verl's reference worker
+(``compute_ref_log_prob`` -> ``TrainingWorker.infer_batch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from verl_cppack.jobs.trainer_config import HOST_TRANSFORMER_CONFIG
+
+if TYPE_CHECKING:  # verl is imported only where it runs
+    from tensordict import TensorDict
+
+Pair = tuple[list[int], list[int]]  # (prompt token ids, response token ids)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What differs between the engines this project builds; everything else is verl's default."""
+
+    model_path: str
+    context_parallel_size: int = 1
+    micro_batch_size: int = 8  # verl's micro_batch_size_per_gpu and infer_micro_batch_size_per_gpu
+    forward_only: bool = False  # True: verl's reference engine (no DDP wrap, no optimizer)
+    learning_rate: float = 1e-2
+    clip_grad: float = 1.0
+    total_training_steps: int = 1
+    seed: int = 42  # verl's McoreEngineConfig default
+
+    def __post_init__(self) -> None:
+        for name in ("context_parallel_size", "micro_batch_size", "total_training_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"EngineSettings.{name} must be an int, got {type(value).__name__}")
+            if value < 1:
+                raise ValueError(f"EngineSettings.{name} must be >= 1, got {value}")
+
+
+@dataclass
+class BuiltEngine:
+    """verl's engine plus the configs it was built from (an actor config needs the engine and optimizer ones)."""
+
+    engine: Any  # verl.workers.engine.megatron.MegatronEngine (for a language model)
+    model_config: Any  # verl.workers.config.HFModelConfig
+    engine_config: Any  # verl.workers.config.McoreEngineConfig
+    optimizer_config: Any  # verl.workers.config.McoreOptimizerConfig
+
+    @property
+    def has_outputs(self) -> bool:
+        """Whether this rank receives the batch's outputs (TP rank 0, last PP stage, CP rank 0)."""
+        return bool(self.engine.is_mp_src_rank_with_outputs())
+
+
+def build_megatron_engine(settings: EngineSettings) -> BuiltEngine:
+    """verl's Megatron engine for ``settings.model_path`` (an HF checkpoint), float32, initialised.
+
+    Mirrors ``TrainingWorker.__init__`` / ``reset()``: the engine config takes ``use_remove_padding`` from the
+    model config, the model type is set, then ``EngineRegistry.new(...)`` and ``engine.initialize()``.
+    """
+    from verl.trainer.config import CheckpointConfig
+    from verl.workers.config import HFModelConfig, McoreEngineConfig, McoreOptimizerConfig
+    from verl.workers.engine import EngineRegistry
+
+    model_config = HFModelConfig(path=settings.model_path, use_remove_padding=True)
+    engine_config = McoreEngineConfig(
+        strategy="megatron",
+        dtype="float32",
+        use_mbridge=True,
+        vanilla_mbridge=True,
+        use_distributed_optimizer=False,
+        context_parallel_size=settings.context_parallel_size,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=settings.micro_batch_size,
+        infer_micro_batch_size_per_gpu=settings.micro_batch_size,
+        forward_only=settings.forward_only,
+        seed=settings.seed,
+        override_transformer_config=dict(HOST_TRANSFORMER_CONFIG),
+    )
+    optimizer_config = McoreOptimizerConfig(
+        lr=settings.learning_rate, clip_grad=settings.clip_grad, total_training_steps=settings.total_training_steps
+    )
+    engine_config.use_remove_padding = model_config.get("use_remove_padding", False)
+    model_config.model_type = "language_model"
+    engine = EngineRegistry.new(
+        model_type="language_model",
+        backend=engine_config.strategy,
+        model_config=model_config,
+        engine_config=engine_config,
+        optimizer_config=optimizer_config,
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+    return BuiltEngine(engine, model_config, engine_config, optimizer_config)
+
+
+def check_pairs(pairs: Sequence[Pair], vocab_size: int | None = None) -> None:
+    """Raise ``ValueError`` / ``TypeError`` unless every pair has a non-empty prompt and response of int ids
+    (``bool`` is not an id) in ``[0, vocab_size)`` (when given)."""
+    if not pairs:
+        raise ValueError("no prompt/response pairs to score")
+    for index, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"row {index} must be (prompt_ids, response_ids), got {type(pair).__name__}")
+        for name, ids in zip(("prompt_ids", "response_ids"), pair, strict=True):
+            if not isinstance(ids, (list, tuple)):
+                raise TypeError(f"row {index} {name} must be a list of ints, got {type(ids).__name__}")
+            if not ids:
+                raise ValueError(f"row {index} has an empty {name}; prompts and responses need at least one token")
+            wrong = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int)), None)
+            if wrong is not None:
+                raise TypeError(f"row {index} {name} holds {wrong!r} ({type(wrong).__name__}), not an int token id")
+            outside = next((t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)), None)
+            if outside is not None:
+                bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+                raise ValueError(f"row {index} {name} holds token id {outside}, outside the vocabulary {bound}")
+
+
+def rollout_tensors(pairs: Sequence[Pair], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """verl's rollout batch (``DataProto.batch``) of ``pairs``: B = len(pairs), P = longest prompt,
+    R = longest response.
+
+    - ``prompts`` [B, P] left-padded, ``responses`` [B, R] right-padded, ``input_ids`` [B, P+R] both side by side;
+    - ``attention_mask`` [B, P+R] int64, 1 at real tokens; ``response_mask`` [B, R] its response part;
+    - ``position_ids`` [B, P+R] counted over real tokens from 0 (0 at left padding).
+    """
+    check_pairs(pairs)
+    batch = len(pairs)
+    prompt_width = max(len(prompt) for prompt, _ in pairs)
+    response_width = max(len(response) for _, response in pairs)
+    prompt_lengths = torch.tensor([len(prompt) for prompt, _ in pairs])  # [B]
+    response_lengths = torch.tensor([len(response) for _, response in pairs])  # [B]
+    columns = torch.arange(prompt_width + response_width)  # [P+R]
+    prompt_part = (columns < prompt_width) & (columns >= prompt_width - prompt_lengths[:, None])  # [B, P+R]
+    response_part = (columns >= prompt_width) & (columns < prompt_width + response_lengths[:, None])  # [B, P+R]
+    attention_mask = (prompt_part | response_part).to(torch.int64)  # [B, P+R]
+    input_ids = torch.full((batch, prompt_width + response_width), pad_id, dtype=torch.int64)
+    flat_ids = torch.tensor([token for prompt, response in pairs for token in (*prompt, *response)], dtype=torch.int64)
+    input_ids[attention_mask.bool()] = flat_ids  # row-major order = prompt then response of each row (input assembly)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P+R]
+    return {
+        "prompts": input_ids[:, :prompt_width].clone(),
+        "responses": input_ids[:, prompt_width:].clone(),
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "response_mask": attention_mask[:, prompt_width:].clone(),
+    }
+
+
+def engine_batch(tensors: dict[str, torch.Tensor], micro_batch_size: int, **meta: Any) -> TensorDict:
+    """``DataProto.to_tensordict()`` of ``tensors`` (:func:`rollout_tensors` plus any per-token extras), then
+    verl's ``left_right_2_no_padding``, plus the meta the trainer and ``TrainingWorker`` attach (rollout
+    temperature 1, the engine's batching settings) and ``meta`` (e.g. ``compute_loss``)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    data = left_right_2_no_padding(tu.get_tensordict(dict(tensors)))
+    settings = dict(
+        temperature=1.0, use_remove_padding=True, use_dynamic_bsz=False, micro_batch_size_per_gpu=micro_batch_size,
+        max_token_len_per_gpu=None, use_fused_kernels=False,
+    )  # fmt: skip
+    tu.assign_non_tensor(data, **{**settings, **meta})
+    return data
+
+
+def response_log_probs(
+    built: BuiltEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int
+) -> torch.Tensor | None:
+    """Log-probs of the response tokens, ``[B, R]`` float32, zero at response padding, on the rank with outputs
+    (``None`` on the others).
+
+    One ``infer_batch`` per micro-batch of ``micro_batch_size`` rows, as ``compute_ref_log_prob`` ->
+    ``TrainingWorker.infer_batch`` does: ``left_right_2_no_padding`` -> ``infer_batch`` -> ``no_padding_2_padding``.
+    Every rank must call it with the same ``tensors``.
+    """
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be an int >= 1, got {micro_batch_size!r}")
+    rows = tensors["input_ids"].shape[0]
+    chunks: list[torch.Tensor] = []  # [m, R] each
+    with built.engine.eval_mode():
+        for start in range(0, rows, micro_batch_size):
+            part = {name: tensor[start : start + micro_batch_size] for name, tensor in tensors.items()}
+            part_rows = part["input_ids"].shape[0]  # the last micro-batch may be short; verl wants rows % size == 0
+            data = engine_batch(part, part_rows, calculate_entropy=False, compute_loss=False)
+            output = built.engine.infer_batch(data, loss_function=None)
+            if built.has_outputs:
+                chunks.append(no_padding_2_padding(output["model_output"]["log_probs"], data).float())
+    return torch.cat(chunks, dim=0) if built.has_outputs else None
