@@ -32,7 +32,7 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   run_pip "torch==2.13.0"
 fi
 step "installing verl_cppack with the pinned CPU stack: verl 0.9.1, megatron-core 0.16.1, ray 2.60.0, mbridge, ... (first time: a few minutes, ~2 GB)"
-run_pip -e ".[all]" "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')"
+run_pip -e ".[all]" "torch==$("$VENV/bin/python" -W ignore -c 'import torch; print(torch.__version__.split("+")[0])')"
 "$VENV/bin/python" -c "import torch, verl, verl_cppack; print('bootstrap: ready: verl_cppack', verl_cppack.__version__, '| torch', torch.__version__, '| verl', verl.__version__)"
 rm -f "$VENV"/.bootstrap-*
 touch "$stamp"
