@@ -29,9 +29,21 @@ def after_import(module_name: str, callback: Callback) -> None:
         if module is not None and not _initialising(module):
             callback(module)
             return
-        _PENDING.setdefault(module_name, []).append(callback)
+        pending = _PENDING.setdefault(module_name, [])
+        if callback not in pending:
+            pending.append(callback)
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
+
+
+def cancel(module_name: str, callback: Callback) -> None:
+    """Forget a pending ``after_import(module_name, callback)`` (no-op if it already ran or was never asked)."""
+    with _LOCK:
+        pending = _PENDING.get(module_name, [])
+        if callback in pending:
+            pending.remove(callback)
+        if not pending:
+            _PENDING.pop(module_name, None)
 
 
 def _initialising(module: ModuleType) -> bool:

@@ -8,8 +8,8 @@ for a module that already imported it, so ``install``:
 1. patches ``verl.models.mcore.util`` if it is imported, and every loaded module whose namespace holds one
    of the original function objects (found by identity, through ``vars(module)`` — no lazy ``__getattr__``
    is triggered);
-2. puts an import hook (a ``sys.meta_path`` finder) in front that patches ``verl.models.mcore.util`` the
-   moment it finishes executing — so modules imported later bind the drop-ins directly. Nothing of verl is
+2. asks ``integrations.import_hooks.after_import`` to patch ``verl.models.mcore.util`` the moment it finishes
+   executing — so modules imported later bind the drop-ins directly. Nothing of verl is
    imported by ``install`` itself: it is safe while ``verl/__init__`` is still running
    (``VERL_USE_EXTERNAL_MODULES``).
 
@@ -19,8 +19,6 @@ The originals are kept (``originals()``) for fallback and A/B runs; ``uninstall`
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import inspect
 import os
 import sys
@@ -30,6 +28,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from verl_cppack.integrations.import_hooks import after_import, cancel
 from verl_cppack.integrations.verl import dropins
 from verl_cppack.integrations.verl.call_counts import counted
 
@@ -129,40 +128,6 @@ def _patch_loaded_modules() -> None:
             _patch_module(module)
 
 
-class _UtilImportHook(importlib.abc.MetaPathFinder):
-    """Patches ``verl.models.mcore.util`` right after it executes (before its importer continues)."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != UTIL_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader = _PatchingLoader(spec.loader)
-                return spec
-            if spec is not None:
-                return spec
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        _patch_util(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for tools that ask
-        return getattr(self._loader, name)
-
-
-_HOOK = _UtilImportHook()
 
 
 # ================================================================= public API
@@ -176,31 +141,20 @@ def install() -> bool:
     if disabled_by_env():
         return False
     with _LOCK:
-        if not _STATE.installed:
-            _STATE.installed = True
-            if _HOOK not in sys.meta_path:
-                sys.meta_path.insert(0, _HOOK)
-        util = sys.modules.get(UTIL_MODULE)
-        if util is not None and getattr(util, "__spec__", None) is not None and _is_initialised(util):
-            _patch_util(util)
+        _STATE.installed = True
+        after_import(UTIL_MODULE, _patch_util)  # now if util is loaded, else right after it executes
     return True
 
 
-def _is_initialised(module: ModuleType) -> bool:
-    spec = module.__spec__
-    return not getattr(spec, "_initializing", False)
-
-
 def uninstall() -> None:
-    """Put verl's original functions back and remove the import hook. Idempotent.
+    """Put verl's original functions back and cancel the pending patch of util. Idempotent.
 
     Restored: every module where ``install`` replaced an original, and every ``verl.*`` / ``recipe.*``
     module that bound a drop-in from util after the install. Other modules that imported the drop-ins by
     their ``verl_cppack`` names keep them (that is what they asked for).
     """
     with _LOCK:
-        if _HOOK in sys.meta_path:
-            sys.meta_path.remove(_HOOK)
+        cancel(UTIL_MODULE, _patch_util)
         for module_name, module in list(sys.modules.items()):
             namespace = getattr(module, "__dict__", None) if module is not None else None
             if not isinstance(namespace, dict) or _own(module_name):
