@@ -12,7 +12,9 @@ Batches are what verl's trainer holds after rollout (``DataProto.batch``): promp
 right-padded (:func:`rollout_tensors`), converted by verl's ``left_right_2_no_padding``
 (:func:`engine_batch`); log-probs come back through verl's ``no_padding_2_padding``
 (:func:`response_log_probs`), the path of verl's reference worker
-(``compute_ref_log_prob`` -> ``TrainingWorker.infer_batch``).
+(``compute_ref_log_prob`` -> ``TrainingWorker.infer_batch``). With ``EngineSettings(model_type="value_model")``
+the engine is verl's critic (``MegatronEngineWithValueHead``, as the trainer's critic ``TrainingWorkerConfig``
+asks) and :func:`response_values` is the trainer's ``_compute_values`` path.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ if TYPE_CHECKING:  # verl is imported only where it runs
     from tensordict import TensorDict
 
 Pair = tuple[list[int], list[int]]  # (prompt token ids, response token ids)
+MODEL_TYPES = ("language_model", "value_model")  # verl's EngineRegistry keys: actor/reference, critic
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,11 @@ class EngineSettings:
     clip_grad: float = 1.0
     total_training_steps: int = 1
     seed: int = 42  # verl's McoreEngineConfig default
+    model_type: str = "language_model"  # "value_model": verl's critic engine (scalar value head)
 
     def __post_init__(self) -> None:
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"EngineSettings.model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
         for name in ("context_parallel_size", "micro_batch_size", "total_training_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -57,7 +63,7 @@ class EngineSettings:
 class BuiltEngine:
     """verl's engine plus the configs it was built from (an actor config needs the engine and optimizer ones)."""
 
-    engine: Any  # verl.workers.engine.megatron.MegatronEngine (for a language model)
+    engine: Any  # verl's MegatronEngineWithLMHead (language model) or MegatronEngineWithValueHead (value model)
     model_config: Any  # verl.workers.config.HFModelConfig
     engine_config: Any  # verl.workers.config.McoreEngineConfig
     optimizer_config: Any  # verl.workers.config.McoreOptimizerConfig
@@ -97,9 +103,9 @@ def build_megatron_engine(settings: EngineSettings) -> BuiltEngine:
         lr=settings.learning_rate, clip_grad=settings.clip_grad, total_training_steps=settings.total_training_steps
     )
     engine_config.use_remove_padding = model_config.get("use_remove_padding", False)
-    model_config.model_type = "language_model"
+    model_config.model_type = settings.model_type
     engine = EngineRegistry.new(
-        model_type="language_model",
+        model_type=settings.model_type,
         backend=engine_config.strategy,
         model_config=model_config,
         engine_config=engine_config,
@@ -180,6 +186,31 @@ def engine_batch(tensors: dict[str, torch.Tensor], micro_batch_size: int, **meta
     return data
 
 
+def _infer_response_output(
+    built: BuiltEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int, name: str, **meta: Any
+) -> torch.Tensor | None:
+    """The engine's per-token output ``name`` at the response tokens, ``[B, R]`` float32, zero at response
+    padding, on the rank with outputs (``None`` on the others): one ``infer_batch`` per micro-batch of
+    ``micro_batch_size`` rows (``left_right_2_no_padding`` -> ``infer_batch`` -> ``no_padding_2_padding``).
+    ``meta`` is what the trainer attaches besides ``compute_loss=False``. Every rank must call it with the same
+    ``tensors``."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be an int >= 1, got {micro_batch_size!r}")
+    rows = tensors["input_ids"].shape[0]
+    chunks: list[torch.Tensor] = []  # [m, R] each
+    with built.engine.eval_mode():
+        for start in range(0, rows, micro_batch_size):
+            part = {key: tensor[start : start + micro_batch_size] for key, tensor in tensors.items()}
+            part_rows = part["input_ids"].shape[0]  # the last micro-batch may be short; verl wants rows % size == 0
+            data = engine_batch(part, part_rows, compute_loss=False, **meta)
+            output = built.engine.infer_batch(data, loss_function=None)
+            if built.has_outputs:
+                chunks.append(no_padding_2_padding(output["model_output"][name], data).float())
+    return torch.cat(chunks, dim=0) if built.has_outputs else None
+
+
 def response_log_probs(
     built: BuiltEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int
 ) -> torch.Tensor | None:
@@ -190,18 +221,19 @@ def response_log_probs(
     ``TrainingWorker.infer_batch`` does: ``left_right_2_no_padding`` -> ``infer_batch`` -> ``no_padding_2_padding``.
     Every rank must call it with the same ``tensors``.
     """
-    from verl.workers.utils.padding import no_padding_2_padding
+    return _infer_response_output(built, tensors, micro_batch_size, "log_probs", calculate_entropy=False)
 
-    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be an int >= 1, got {micro_batch_size!r}")
-    rows = tensors["input_ids"].shape[0]
-    chunks: list[torch.Tensor] = []  # [m, R] each
-    with built.engine.eval_mode():
-        for start in range(0, rows, micro_batch_size):
-            part = {name: tensor[start : start + micro_batch_size] for name, tensor in tensors.items()}
-            part_rows = part["input_ids"].shape[0]  # the last micro-batch may be short; verl wants rows % size == 0
-            data = engine_batch(part, part_rows, calculate_entropy=False, compute_loss=False)
-            output = built.engine.infer_batch(data, loss_function=None)
-            if built.has_outputs:
-                chunks.append(no_padding_2_padding(output["model_output"]["log_probs"], data).float())
-    return torch.cat(chunks, dim=0) if built.has_outputs else None
+
+def response_values(built: BuiltEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int) -> torch.Tensor | None:
+    """The critic's values at the response tokens, ``[B, R]`` float32, zero at response padding, on the rank with
+    outputs (``None`` on the others); ``built`` must be a ``model_type="value_model"`` engine.
+
+    The trainer's ``_compute_values``: ``left_right_2_no_padding``, ``compute_loss=False``,
+    ``TrainingWorker.infer_batch`` -> ``values``, ``no_padding_2_padding``, ``.float()``; one pass per micro-batch.
+    The value at response token t is the head's output at that token's position (verl's
+    ``no_padding_2_padding`` takes positions prompt_len-1 .. -2 of each sequence, shifted like log-probs).
+    Every rank must call it with the same ``tensors``.
+    """
+    if built.model_config.model_type != "value_model":
+        raise ValueError(f"response_values needs a value_model engine, got {built.model_config.model_type!r}")
+    return _infer_response_output(built, tensors, micro_batch_size, "values")
