@@ -51,10 +51,12 @@ def timed_interleaved(steps: dict, repeats: int) -> dict[str, float]:
 
 
 def _packed_step(model, plan, input_ids):
+    from verl_cppack.integrations.megatron import packed_seq_params
+
     def step():
         model.zero_grad(set_to_none=True)
         logits = model(input_ids=plan.pack(input_ids), position_ids=None, attention_mask=None,
-                       packed_seq_params=plan.packed_seq_params())  # fmt: skip  # [1, T_local, V]
+                       packed_seq_params=packed_seq_params(plan))  # fmt: skip  # [1, T_local, V]
         plan.unpack(logits).float().square().mean().backward()
 
     return step
@@ -78,7 +80,7 @@ def _worker(rank: int, world_size: int, store_path: str, args: argparse.Namespac
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
     try:
         from verl_cppack.integrations.megatron_model import build_tiny_gpt, init_megatron_parallel
-        from verl_cppack.packing.plan import plan_from_mask
+        from verl_cppack.packing.builders import plan_from_mask
 
         ctx = init_megatron_parallel(cp_size=world_size)
         input_ids, mask = make_batch(args.batch_size, args.seq_len)

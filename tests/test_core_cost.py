@@ -10,7 +10,7 @@ from tests.op_counts import ops_without_fills
 from verl_cppack import ParallelContext, plan_from_mask, plan_from_nested
 from verl_cppack.bench.batches import rollout_batch
 from verl_cppack.bench.counters import OpCounter, HostReadCounter
-from verl_cppack.packing import plan as plan_module
+from verl_cppack.packing import pack_copies
 
 pytestmark = pytest.mark.usefixtures("both_pack_paths")
 
@@ -30,13 +30,13 @@ def _micro_batch(batch_size, ctx):
 
 
 def _counts_on_two_ranks(rank, world_size, min_block_copy_positions):
-    plan_module.MIN_BLOCK_COPY_POSITIONS = min_block_copy_positions  # a spawned process starts from the default
+    pack_copies.MIN_BLOCK_COPY_POSITIONS = min_block_copy_positions  # a spawned process starts from the default
     ctx = ParallelContext(cp_size=world_size, cp_rank=rank, cp_group=dist.group.WORLD)
     return {batch_size: _micro_batch(batch_size, ctx) for batch_size in (4, 64, 256)}
 
 
 def test_op_count_is_flat_in_batch_size_and_one_sync_with_cp2():
-    for per_batch_size in run_gloo(_counts_on_two_ranks, 2, plan_module.MIN_BLOCK_COPY_POSITIONS):
+    for per_batch_size in run_gloo(_counts_on_two_ranks, 2, pack_copies.MIN_BLOCK_COPY_POSITIONS):
         (ops_small, syncs_small), (ops_mid, _), (ops_large, syncs_large) = per_batch_size.values()
         assert ops_without_fills(ops_small, COPIES) == ops_without_fills(ops_mid, COPIES)
         assert ops_without_fills(ops_mid, COPIES) == ops_without_fills(ops_large, COPIES)

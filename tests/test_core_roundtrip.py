@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tests import oracle
 from verl_cppack import ParallelContext, plan_from_lengths, plan_from_mask, plan_from_nested
 from verl_cppack.core.host import read_to_host
-from verl_cppack.packing.plan import _MaskRows
+from verl_cppack.packing.mask_rows import MaskRows
 
 DTYPES = [torch.int64, torch.bool, torch.bfloat16, torch.float32]
 
@@ -227,11 +227,11 @@ def wide_masks(draw):
 def test_wide_masks_count_and_pack_like_the_oracle(scan_on_host, case, cp_size):
     """The word-wise mask scan (first/last token, lane-summed counts) agrees with a per-row count and the oracle,
     run by numpy on a CPU mask's memory and by tensor ops (what an accelerator runs)."""
-    _MaskRows.scan_cpu_masks_on_host = scan_on_host
+    MaskRows.scan_cpu_masks_on_host = scan_on_host
     try:
         _check_wide_mask(*case, cp_size)
     finally:
-        _MaskRows.scan_cpu_masks_on_host = True
+        MaskRows.scan_cpu_masks_on_host = True
 
 
 def _check_wide_mask(mask, offset_view, cp_size):
@@ -241,7 +241,7 @@ def _check_wide_mask(mask, offset_view, cp_size):
         mask_tensor = torch.cat([torch.zeros(1, seq_len, dtype=torch.bool), mask_tensor])[1:]
     x = torch.arange(batch_size * seq_len).view(batch_size, seq_len)
     lengths = [sum(row) for row in mask]
-    scan = _MaskRows(mask_tensor)  # each row's token count, first and last token column
+    scan = MaskRows(mask_tensor)  # each row's token count, first and last token column
     counts, first, last = scan.extents(read_to_host(*scan.device_stats))
     assert counts.tolist() == lengths
     for row, row_first, row_last in zip(mask, first, last):

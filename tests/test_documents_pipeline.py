@@ -12,6 +12,7 @@ from verl_cppack.integrations.megatron import packed_seq_params_class
 from verl_cppack.integrations.megatron_pipeline import (
     PER_MICROBATCH_FIELDS,
     WHOLE_BATCH_FIELDS,
+    documents_packed_seq_params,
     split_microbatches,
     virtual_pipeline_iterators,
 )
@@ -25,7 +26,7 @@ BATCH = torch.cat([WORKED, torch.tensor([[20, EOD, EOD, PAD, 21, 22, 23, 24], [2
 
 def test_params_carry_the_plan_and_this_microbatch_valid_tokens():
     rank0 = pack_documents(WORKED, eod_id=EOD, pad_id=PAD, ctx=ParallelContext(cp_size=2, cp_rank=0))
-    params = rank0.packed_seq_params
+    params = documents_packed_seq_params(rank0)
     assert isinstance(params, packed_seq_params_class())  # Megatron code taking PackedSeqParams accepts it
     assert params.qkv_format == "thd"
     assert params.cu_seqlens_q_padded.tolist() == [0, 4, 8, 16] and params.cu_seqlens_q.tolist() == [0, 4, 8, 16]
@@ -39,7 +40,7 @@ def test_params_carry_the_plan_and_this_microbatch_valid_tokens():
 
 
 def test_metadata_survives_dataclasses_replace():
-    params = pack_documents(WORKED, eod_id=EOD, pad_id=PAD).packed_seq_params
+    params = documents_packed_seq_params(pack_documents(WORKED, eod_id=EOD, pad_id=PAD))
     copy = dataclasses.replace(params, max_seqlen_q=99)
     assert type(copy) is type(params) and copy.max_seqlen_q == 99
     for name in (*PER_MICROBATCH_FIELDS, *WHOLE_BATCH_FIELDS):
@@ -47,7 +48,7 @@ def test_metadata_survives_dataclasses_replace():
 
 
 def test_every_extra_field_is_either_per_microbatch_or_named_whole_batch():
-    params = pack_documents(WORKED, eod_id=EOD, pad_id=PAD).packed_seq_params
+    params = documents_packed_seq_params(pack_documents(WORKED, eod_id=EOD, pad_id=PAD))
     base_fields = {f.name for f in dataclasses.fields(packed_seq_params_class())}
     extra = {f.name for f in dataclasses.fields(params)} - base_fields
     assert extra == {*PER_MICROBATCH_FIELDS, *WHOLE_BATCH_FIELDS}
@@ -65,7 +66,7 @@ def test_split_microbatches_chunks_per_microbatch_fields_and_shares_whole_batch_
         assert [m.microbatch_index for m in microbatches] == [0, 1]
         for index, (microbatch, rows) in enumerate(zip(microbatches, BATCH.chunk(2))):
             alone = pack_documents(rows, eod_id=EOD, pad_id=PAD, ctx=ParallelContext(cp_size=cp_size, cp_rank=rank))
-            params = microbatch.packed_seq_params
+            params = documents_packed_seq_params(microbatch)
             # per micro-batch: exactly what packing these rows alone gives
             assert torch.equal(params.cu_seqlens_q_padded, alone.cu_seqlens_padded)
             assert torch.equal(params.local_valid_mask, alone.valid_mask[0])
@@ -75,7 +76,7 @@ def test_split_microbatches_chunks_per_microbatch_fields_and_shares_whole_batch_
             assert params.whole_batch_num_loss_tokens == 17 and params.whole_batch_num_valid_tokens == 13 + 11
             assert params.whole_batch_num_documents == 7 and params.whole_batch_num_microbatches == 2
     # the loss tokens of every micro-batch on every CP rank add up to the whole-batch count
-    total = sum(int(m.packed_seq_params.local_loss_mask.sum()) for microbatches in per_rank for m in microbatches)
+    total = sum(int(documents_packed_seq_params(m).local_loss_mask.sum()) for microbatches in per_rank for m in microbatches)
     assert total == 17
 
 
@@ -101,4 +102,4 @@ def test_contiguous_params_need_a_megatron_with_cp_partition_mode():
     assert docs.tokens.shape == (1, 8)  # packing itself works; only the Megatron params are refused
     if "cp_partition_mode" not in {f.name for f in dataclasses.fields(packed_seq_params_class())}:
         with pytest.raises(ValueError, match="cp_partition_mode"):
-            docs.packed_seq_params
+            documents_packed_seq_params(docs)

@@ -158,7 +158,8 @@ def packed_equals_padded_rank(rank, world_size):
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
     from verl_cppack.integrations.megatron_model import build_tiny_gpt, init_megatron_parallel
-    from verl_cppack.packing.plan import plan_from_mask
+    from verl_cppack.integrations.megatron import packed_seq_params
+    from verl_cppack.packing.builders import plan_from_mask
 
     ctx = init_megatron_parallel()
     model = build_tiny_gpt(vocab_size=VOCAB, num_query_groups=2)
@@ -166,7 +167,7 @@ def packed_equals_padded_rank(rank, world_size):
     plan = plan_from_mask(mask, ctx)
     packed = plan.unpack(
         model(input_ids=plan.pack(input_ids), position_ids=None, attention_mask=None,
-              packed_seq_params=plan.packed_seq_params())  # fmt: skip
+              packed_seq_params=packed_seq_params(plan))  # fmt: skip
     )  # [B, S, V]
     # BSHD oracle: each row alone, its valid tokens moved to the front
     rows = []

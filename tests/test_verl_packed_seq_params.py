@@ -13,6 +13,7 @@ import torch
 
 from tests.distributed import run_gloo
 from verl_cppack import ParallelContext, plan_from_lengths
+from verl_cppack.integrations.megatron import packed_seq_params
 
 pytest.importorskip("megatron.core.packed_seq_params")
 
@@ -54,7 +55,7 @@ def use_class(monkeypatch):
 def test_a_class_taking_kwargs_gets_every_field(use_class, layout):
     use_class(KwargsParams)
     plan = plan_from_lengths([4, 3, 6], ParallelContext(cp_size=2), layout=layout)
-    params = plan.packed_seq_params()
+    params = packed_seq_params(plan)
     assert set(params.received) == THD_FIELDS | {"cp_partition_mode"}
     assert params.cp_partition_mode == layout
     assert params.cu_seqlens_q_padded.tolist() == params.cu_seqlens_kv.tolist() == [0, 4, 8, 16]
@@ -65,10 +66,10 @@ def test_the_contiguous_layout_follows_cp_partition_mode_as_in_verl(use_class):
     use_class(NamedFieldsParams)
     plan = plan_from_lengths([4, 3, 6], ParallelContext(cp_size=2), layout="contiguous")
     with pytest.raises(ValueError, match="cp_partition_mode"):
-        plan.packed_seq_params()
-    assert set(plan_from_lengths([4, 3], ParallelContext(cp_size=2)).packed_seq_params().received) == THD_FIELDS
+        packed_seq_params(plan)
+    assert set(packed_seq_params(plan_from_lengths([4, 3], ParallelContext(cp_size=2))).received) == THD_FIELDS
     use_class(WithPartitionMode)
-    params = plan_from_lengths([4, 3, 6], ParallelContext(cp_size=2), layout="contiguous").packed_seq_params()
+    params = packed_seq_params(plan_from_lengths([4, 3, 6], ParallelContext(cp_size=2), layout="contiguous"))
     assert params.received["cp_partition_mode"] == "contiguous"
 
 

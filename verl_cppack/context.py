@@ -1,4 +1,7 @@
-"""The parallel context every core function takes explicitly (never a module-level global)."""
+"""The parallel context every core function takes explicitly (never a module-level global).
+
+Built by hand, or read from megatron-core by ``integrations.megatron.parallel_context_from_megatron()``.
+"""
 
 from __future__ import annotations
 
@@ -59,10 +62,3 @@ class ParallelContext:
                 f"ctx.cp_group has size {group_size} and this process is its rank {group_rank}, but ctx says "
                 f"cp_size={self.cp_size}, cp_rank={self.cp_rank}; build the context from the same group"
             )
-
-    @classmethod
-    def from_megatron(cls) -> "ParallelContext":
-        """Read TP/CP sizes, CP rank and CP group from an initialised ``megatron.core.parallel_state``."""
-        from verl_cppack.integrations.megatron import parallel_context_from_megatron
-
-        return parallel_context_from_megatron()

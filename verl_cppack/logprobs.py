@@ -16,7 +16,9 @@ import torch
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.checks import require_tensor
 from verl_cppack.core.layouts import Layout, LayoutName
-from verl_cppack.packing.plan import PackPlan, plan_from_mask
+from verl_cppack.integrations.megatron import packed_seq_params
+from verl_cppack.packing.builders import plan_from_mask
+from verl_cppack.packing.plan import PackPlan
 
 
 def compute_logprobs(
@@ -64,7 +66,7 @@ def packed_forward(model: Any, plan: PackPlan, input_ids: torch.Tensor) -> torch
         input_ids=plan.pack(input_ids),  # [1, T_local]
         position_ids=plan.local_position_ids.unsqueeze(0),  # [1, T_local]
         attention_mask=None,
-        packed_seq_params=plan.packed_seq_params(),
+        packed_seq_params=packed_seq_params(plan),
     )
 
 

@@ -8,7 +8,7 @@ import sys
 import torch
 
 from verl_cppack.context import ParallelContext
-from verl_cppack.packing.plan import plan_from_lengths
+from verl_cppack.packing.builders import plan_from_lengths
 
 # Documents of the worked example: row0 = [a b c E d e E _] -> "abcE", "deE"; row1 = [f g h i j E _ _] -> "fghijE".
 WORKED_EXAMPLE_DOCUMENTS = (("a", "b", "c", "E"), ("d", "e", "E"), ("f", "g", "h", "i", "j", "E"))

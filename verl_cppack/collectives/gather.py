@@ -17,7 +17,7 @@ def _check_group(ctx: ParallelContext) -> None:
     if ctx.cp_group is None:
         raise ValueError(
             f"cp_size={ctx.cp_size} needs ctx.cp_group to all-gather over; build the context with "
-            "ParallelContext.from_megatron() or pass cp_group (e.g. torch.distributed.group.WORLD)"
+            "integrations.megatron.parallel_context_from_megatron() or pass cp_group (e.g. torch.distributed.group.WORLD)"
         )
     if not dist.is_initialized():
         raise ValueError("cp_size > 1 needs an initialised torch.distributed process group")

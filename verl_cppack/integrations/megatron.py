@@ -1,10 +1,15 @@
-"""Megatron-core adapters: the parallel context from ``parallel_state``, ``PackedSeqParams`` from a plan."""
+"""Megatron-core adapters: the parallel context from ``parallel_state``, ``PackedSeqParams`` from a plan.
+
+The packing side knows nothing of Megatron: a plan's ``PackedSeqParams`` is ``packed_seq_params(plan)`` here, and
+the context of an initialised ``megatron.core.parallel_state`` is ``parallel_context_from_megatron()``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +98,23 @@ def packed_seq_params_arguments(
     return cls, {name: value for name, value in values.items() if packed_seq_params_accepts(cls, name)}
 
 
+# plan -> {(real_seqlens_in_attention, class): (class, kwargs)}: the keyword arguments are worked out once per plan
+# (the drop-ins ask for every micro-batch's params); a plan that is dropped takes its entry with it.
+_ARGUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def packed_seq_params(plan: "PackPlan", *, real_seqlens_in_attention: bool = False) -> Any:
+    """A new Megatron ``PackedSeqParams`` (THD) for ``plan`` per call (see ``packed_seq_params_arguments``)."""
+    key = (real_seqlens_in_attention, packed_seq_params_class())  # the class as megatron holds it now
+    per_plan = _ARGUMENTS.setdefault(plan, {})
+    arguments = per_plan.get(key)
+    if arguments is None:
+        arguments = packed_seq_params_arguments(plan, real_seqlens_in_attention=real_seqlens_in_attention)
+        per_plan[key] = arguments
+    cls, kwargs = arguments
+    return cls(**kwargs)
+
+
 # (CP group, TP group, TP-size override) -> context: a process group's size and this rank's place in it never
 # change, so the context is built once per group; new groups (a re-initialised parallel state) are new keys.
 _CONTEXTS: dict[tuple[Any, Any, Any], ParallelContext] = {}
@@ -103,7 +125,7 @@ def _parallel_state() -> Any:
     try:
         from megatron.core import parallel_state
     except ImportError as error:
-        raise ImportError("ParallelContext.from_megatron() needs megatron-core (pip install megatron-core)") from error
+        raise ImportError("parallel_context_from_megatron() needs megatron-core (pip install megatron-core)") from error
     return parallel_state
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from verl_cppack.context import ParallelContext
+from verl_cppack.integrations.megatron import parallel_context_from_megatron
 
 Backend = Literal["gloo", "nccl"]
 _TRACKER_NAME = "model-parallel-rng"
@@ -50,7 +51,7 @@ def init_megatron_parallel(
         raise ValueError(f"world size {world} is not divisible by tp_size * cp_size = {tp_size * cp_size}")
     if mpu.model_parallel_is_initialized():
         if (mpu.get_tensor_model_parallel_world_size(), mpu.get_context_parallel_world_size()) == (tp_size, cp_size):
-            return ParallelContext.from_megatron()
+            return parallel_context_from_megatron()
         mpu.destroy_model_parallel()
     mpu.initialize_model_parallel(tensor_model_parallel_size=tp_size, context_parallel_size=cp_size)
     if backend == "gloo":
@@ -59,7 +60,7 @@ def init_megatron_parallel(
         from megatron.core import tensor_parallel
 
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    return ParallelContext.from_megatron()
+    return parallel_context_from_megatron()
 
 
 def install_cpu_rng_tracker(seed: int = 0) -> None:

@@ -20,18 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from verl_cppack.core.checks import require_int
-from verl_cppack.integrations.megatron import packed_seq_params_class, packed_seq_params_fields
-
-if TYPE_CHECKING:
-    from verl_cppack.packing.documents import PackedDocuments
-    from verl_cppack.packing.plan import PackPlan
+from verl_cppack.integrations.megatron import packed_seq_params, packed_seq_params_class, packed_seq_params_fields
+from verl_cppack.packing.documents import PackedDocuments, WholeBatch, pack_documents
+from verl_cppack.packing.plan import PackPlan
 
 PER_MICROBATCH_FIELDS = (
     "local_valid_mask",
@@ -46,16 +43,6 @@ WHOLE_BATCH_FIELDS = (
     "whole_batch_num_documents",
     "whole_batch_num_microbatches",
 )
-
-
-@dataclass(frozen=True)
-class WholeBatch:
-    """Totals of the whole (global, all micro-batches) batch, identical on every micro-batch."""
-
-    num_valid_tokens: int
-    num_loss_tokens: int
-    num_documents: int
-    num_microbatches: int
 
 
 @lru_cache(maxsize=None)
@@ -83,7 +70,7 @@ def packed_seq_params_with_valid_tokens_class() -> type:
 
 
 def packed_seq_params_with_valid_tokens(
-    plan: "PackPlan",
+    plan: PackPlan,
     *,
     valid_mask: torch.Tensor,
     loss_mask: torch.Tensor,
@@ -105,7 +92,7 @@ def packed_seq_params_with_valid_tokens(
         raise ValueError(
             f"microbatch_index={microbatch_index} must be < whole_batch.num_microbatches={whole_batch.num_microbatches}"
         )
-    base = plan.packed_seq_params()
+    base = packed_seq_params(plan)
     cls = packed_seq_params_with_valid_tokens_class()
     return cls(
         **{name: getattr(base, name) for name in packed_seq_params_fields(type(base))},
@@ -121,16 +108,26 @@ def packed_seq_params_with_valid_tokens(
     )
 
 
-def split_microbatches(tokens: torch.Tensor, num_microbatches: int, **pack_kwargs: Any) -> list["PackedDocuments"]:
+def documents_packed_seq_params(documents: PackedDocuments) -> Any:
+    """Megatron ``PackedSeqParams`` (THD) of packed documents plus their micro-batch's valid-token metadata (a new
+    object per call; the contiguous layout with CP>1 needs a megatron-core with ``cp_partition_mode``)."""
+    return packed_seq_params_with_valid_tokens(
+        documents.plan,
+        valid_mask=documents.valid_mask,
+        loss_mask=documents.loss_mask,
+        microbatch_index=documents.microbatch_index,
+        whole_batch=documents.whole_batch,
+    )
+
+
+def split_microbatches(tokens: torch.Tensor, num_microbatches: int, **pack_kwargs: Any) -> list[PackedDocuments]:
     """Cut ``tokens`` [B, S] into ``num_microbatches`` equal row groups and pack each as documents.
 
-    Each result's ``packed_seq_params`` carries its own per-micro-batch fields and the whole-batch totals
+    Each result's ``documents_packed_seq_params`` carries its own per-micro-batch fields and the whole-batch totals
     (``whole_batch_*``, equal on all). ``pack_kwargs`` go to ``pack_documents`` (``eod_id``, ``pad_id``,
     ``ctx``, ``layout``, ...). One ``pack_documents`` call (its host syncs) per micro-batch; a micro-batch
     with no document raises ``ValueError`` naming it.
     """
-    from verl_cppack.packing.documents import pack_documents
-
     require_int("num_microbatches", num_microbatches, minimum=1)
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
         raise ValueError("tokens must be a [B, S] tensor")

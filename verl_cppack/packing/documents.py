@@ -14,7 +14,6 @@ capacity-sized buffers: on an accelerator that read copies ``2 * B * S`` integer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import torch
@@ -23,8 +22,18 @@ from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import FP8_STREAM_FACTOR, Alignment
 from verl_cppack.core.checks import require_context, require_int, require_integer_tensor, require_token_id
 from verl_cppack.core.layouts import Layout, LayoutName, get_layout
-from verl_cppack.integrations.megatron_pipeline import WholeBatch, packed_seq_params_with_valid_tokens
-from verl_cppack.packing.plan import PackPlan, build_plan, resolve_policy
+from verl_cppack.packing.builders import build_plan, resolve_policy
+from verl_cppack.packing.plan import PackPlan
+
+
+@dataclass(frozen=True)
+class WholeBatch:
+    """Totals of the whole (global, all micro-batches) batch, identical on every micro-batch."""
+
+    num_valid_tokens: int
+    num_loss_tokens: int
+    num_documents: int
+    num_microbatches: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,6 +44,8 @@ class PackedDocuments:
     that token exists (so the last token of every document and all padding are excluded). MTP depth
     ``d`` (1-based, Megatron's convention: the main head predicts ``t+1``, MTP depth ``d`` predicts
     ``t+1+d``) has ``mtp_labels[d-1]`` / ``mtp_loss_masks[d-1]``. Positions outside a mask hold ``pad_id``.
+    Megatron's ``PackedSeqParams`` with this micro-batch's valid-token metadata:
+    ``integrations.megatron_pipeline.documents_packed_seq_params(documents)``.
     """
 
     plan: PackPlan  # its sequences are the documents; source_shape is the token batch's (B, S)
@@ -77,22 +88,6 @@ class PackedDocuments:
     @property
     def mtp_depth(self) -> int:
         return len(self.mtp_labels)
-
-    @cached_property
-    def packed_seq_params(self) -> Any:
-        """Megatron ``PackedSeqParams`` (THD) plus this micro-batch's valid-token metadata.
-
-        Built on first access (the contiguous layout with CP>1 needs a megatron-core with
-        ``cp_partition_mode``); see ``integrations.megatron_pipeline`` for the per-micro-batch and
-        ``whole_batch_*`` fields.
-        """
-        return packed_seq_params_with_valid_tokens(
-            self.plan,
-            valid_mask=self.valid_mask,
-            loss_mask=self.loss_mask,
-            microbatch_index=self.microbatch_index,
-            whole_batch=self.whole_batch,
-        )
 
     def pack(self, x: torch.Tensor, *, shift: int = 0) -> torch.Tensor:
         """Any other ``[B, S, *]`` tensor of the batch -> ``[1, T_local, *]`` (the plan's ``pack``)."""

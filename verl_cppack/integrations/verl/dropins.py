@@ -34,6 +34,7 @@ import torch
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import require_jagged, require_tensor
+from verl_cppack.integrations import megatron
 from verl_cppack.integrations.verl.plan_cache import SourceSnapshot, TensorKeyedCache, attach_plan, attached_plan
 from verl_cppack.integrations.verl.policies import (
     check_layout,
@@ -41,7 +42,8 @@ from verl_cppack.integrations.verl.policies import (
     engine_thd_alignment,
     megatron_context,
 )
-from verl_cppack.packing.plan import PackPlan, plan_from_lengths, plan_from_mask, plan_from_nested
+from verl_cppack.packing.builders import plan_from_lengths, plan_from_mask, plan_from_nested
+from verl_cppack.packing.plan import PackPlan
 
 _MASK_PLANS = TensorKeyedCache()  # attention mask -> plan
 _NESTED_PLANS = TensorKeyedCache()  # nested offsets -> plan / longest sequence
@@ -87,7 +89,7 @@ def _nested_plan(nested: torch.Tensor, ctx: ParallelContext, layout: str, alignm
 
 
 def _packed_seq_params(plan: PackPlan, snapshot: SourceSnapshot) -> Any:
-    return attach_plan(plan.packed_seq_params(), plan, snapshot)
+    return attach_plan(megatron.packed_seq_params(plan), plan, snapshot)
 
 
 def _require_same_stream(plan: PackPlan, packed_seq_params: Any) -> PackPlan:
