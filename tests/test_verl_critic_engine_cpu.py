@@ -29,32 +29,22 @@ import os
 import pytest
 import torch
 
-from tests.distributed import run_gloo
-
 pytest.importorskip("megatron.core")
 pytest.importorskip("verl")
 pytest.importorskip("mbridge")
 transformers = pytest.importorskip("transformers")
 
-from verl_cppack.jobs.counting_task import CountingAssets, ensure_counting_assets  # noqa: E402
-
-TOLERANCE = 1e-5
-GRAD_NORM_RELATIVE_TOLERANCE = 1e-4
-
-# The sizes of test_verl_engine_cpu.py: small enough for two cores, 2 layers.
-TINY = CountingAssets(hidden_size=32, intermediate_size=64, num_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, train_prompts=4, test_prompts=4)  # fmt: skip
-
-# (prompt, response) token ids: prompts left-padded to 6, responses right-padded to 5; a one-token response and a
-# two-token sequence (shorter than one CP=2 slot).
-PROMPT_LENGTH, RESPONSE_LENGTH = 6, 5
-SAMPLES = (
-    ([5, 6, 7], [8, 9, 10, 11]),
-    ([2], [3, 4]),
-    ([12, 13, 14, 15, 16, 17], [1]),
-    ([4, 4, 9, 2], [7, 7, 7, 7, 7]),
-    ([9], [10]),
+from tests.verl_engine_cases import (  # noqa: E402
+    GRAD_NORM_RELATIVE_TOLERANCE,
+    RESPONSE_LENGTH,
+    SAMPLES,
+    TINY,
+    TOLERANCE,
+    run_at_cp_1_and_2,
 )
+from verl_cppack.jobs.counting_task import ensure_counting_assets  # noqa: E402
+
+
 RETURN_OFFSETS = (0.3, -0.2, 0.1, -0.4, 0.25)  # returns = values + offset (per sample), inside cliprange 0.5
 
 
@@ -126,18 +116,7 @@ def model_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def runs(model_path, tmp_path_factory) -> dict[int, dict]:
-    """Per CP size: rank 0's results (the rank with outputs), every rank's results and the drop-in call counts."""
-    from verl_cppack.integrations.verl.call_counts import read_call_counts
-
-    results = {}
-    for context_parallel_size in (1, 2):
-        count_dir = tmp_path_factory.mktemp(f"critic_calls_cp{context_parallel_size}")
-        ranks = run_gloo(run_critic, context_parallel_size, model_path, context_parallel_size, str(count_dir))
-        results[context_parallel_size] = {
-            **ranks[0], "all_ranks": ranks, "calls": read_call_counts(count_dir),
-            "roles": read_call_counts(count_dir, "roles"),
-        }  # fmt: skip
-    return results
+    return run_at_cp_1_and_2(run_critic, model_path, tmp_path_factory.mktemp("calls"))
 
 
 def hf_values(model_path: str, head: torch.Tensor) -> torch.Tensor:

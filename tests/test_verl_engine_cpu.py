@@ -27,32 +27,20 @@ import os
 import pytest
 import torch
 
-from tests.distributed import run_gloo
-
 pytest.importorskip("megatron.core")
 pytest.importorskip("verl")
 pytest.importorskip("mbridge")
 transformers = pytest.importorskip("transformers")
 
-from verl_cppack.jobs.counting_task import CountingAssets, ensure_counting_assets  # noqa: E402
-
-TOLERANCE = 1e-5
-GRAD_NORM_RELATIVE_TOLERANCE = 1e-4
-
-# Small enough for two cores; 2 layers so layer-to-layer state (RoPE, attention) is exercised.
-TINY = CountingAssets(hidden_size=32, intermediate_size=64, num_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, train_prompts=4, test_prompts=4)  # fmt: skip
-
-# (prompt, response) token ids; verl's rollout batch left-pads prompts to the longest (6) and right-pads responses
-# to the longest (5). Responses of one and of full length, prompts of one and of full length, a two-token sequence.
-PROMPT_LENGTH, RESPONSE_LENGTH = 6, 5
-SAMPLES = (
-    ([5, 6, 7], [8, 9, 10, 11]),
-    ([2], [3, 4]),
-    ([12, 13, 14, 15, 16, 17], [1]),
-    ([4, 4, 9, 2], [7, 7, 7, 7, 7]),
-    ([9], [10]),  # two tokens in all: shorter than one CP=2 slot (4)
+from tests.verl_engine_cases import (  # noqa: E402
+    GRAD_NORM_RELATIVE_TOLERANCE,
+    RESPONSE_LENGTH,
+    SAMPLES,
+    TINY,
+    TOLERANCE,
+    run_at_cp_1_and_2,
 )
+from verl_cppack.jobs.counting_task import ensure_counting_assets  # noqa: E402
 
 
 def hf_response_log_probs(model_path: str) -> torch.Tensor:
@@ -146,15 +134,7 @@ def model_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def runs(model_path, tmp_path_factory) -> dict[int, dict]:
-    """Per CP size: rank 0's results (the rank with outputs) plus every process's drop-in call counts."""
-    from verl_cppack.integrations.verl.call_counts import read_call_counts
-
-    results = {}
-    for context_parallel_size in (1, 2):
-        count_dir = tmp_path_factory.mktemp(f"calls_cp{context_parallel_size}")
-        ranks = run_gloo(run_engine, context_parallel_size, model_path, context_parallel_size, str(count_dir))
-        results[context_parallel_size] = {**ranks[0], "all_ranks": ranks, "calls": read_call_counts(count_dir)}
-    return results
+    return run_at_cp_1_and_2(run_engine, model_path, tmp_path_factory.mktemp("calls"))
 
 
 def test_engine_runs_on_the_host_with_the_plugin_and_every_cpu_fix_applied(runs):

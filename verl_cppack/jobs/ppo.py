@@ -16,12 +16,14 @@ from verl_cppack.jobs.trainer_config import PLUGIN, CpuRun, megatron_overlay
 from verl_cppack.jobs.verl_job import JobKind, JobSettings
 
 # Measured on the counting task (30 steps, CP=2; see the README's PPO notes): the value head starts random
-# (values ~0.74 against returns ~0.05, vf_explained_var -41 at step 1), so the critic trains alone for
-# CRITIC_WARMUP_STEPS steps; lr 5e-4 with one epoch left it lagging the actor (explained variance 0.13 over the
+# (values ~0.74 against returns ~0.05, vf_explained_var -41 at step 1), so the critic trains alone for the
+# first CRITIC_ONLY_STEPS steps; lr 5e-4 with one epoch left it lagging the actor (explained variance 0.13 over the
 # last fifth), lr 1e-3 with two epochs per batch gave 0.19.
 CRITIC_LEARNING_RATE = 1e-3
 CRITIC_EPOCHS = 2
-CRITIC_WARMUP_STEPS = 3
+CRITIC_ONLY_STEPS = 2
+# verl 0.9.1 counts steps from 1 and skips the actor's update while trainer.critic_warmup > step.
+CRITIC_WARMUP = CRITIC_ONLY_STEPS + 1
 
 
 def critic_overlay(run: CpuRun) -> list[str]:
@@ -34,7 +36,7 @@ def critic_overlay(run: CpuRun) -> list[str]:
         f"critic.ppo_epochs={CRITIC_EPOCHS}",
         f"critic.ppo_mini_batch_size={run.prompts_per_step // run.mini_batches}",
         f"critic.ppo_micro_batch_size_per_gpu={batch // run.mini_batches}",
-        f"trainer.critic_warmup={CRITIC_WARMUP_STEPS}",
+        f"trainer.critic_warmup={CRITIC_WARMUP}",
     ]
 
 
