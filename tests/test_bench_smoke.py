@@ -101,3 +101,22 @@ def test_cli_runs_the_sizes_it_is_given_and_refuses_bad_lists(tmp_path, capsys):
     assert main(argv) == 0
     rows = __import__("json").loads((tmp_path / "results.json").read_text())["rows"]
     assert [(row["batch_size"], row["seq_len"], row["cp_size"]) for row in rows] == [(8, 64, 1)]
+
+
+def test_update_docs_writes_the_plot_beside_the_document_it_links_from(tmp_path):
+    """With `--update-docs` and no `--output`, results land in `benchmarks/` beside `--doc`, so the link in the
+    regenerated section points at a file committed with the document (not at an ignored `bench_out/`)."""
+    from verl_cppack.cli import main
+
+    document = tmp_path / "docs" / "performance.md"
+    document.parent.mkdir()
+    document.write_text(f"# performance\n{SECTION_BEGIN}\nold\n{SECTION_END}\n")
+    argv = ["bench", "--batch-sizes", "8", "--seq-lens", "64", "--cp-sizes", "1", "--repeats", "1", "--warmup", "0"]
+    argv += ["--runs", "1", "--update-docs", "--doc", str(document)]
+    assert main(argv) == 0
+    assert (tmp_path / "docs" / "benchmarks" / "results.json").is_file()
+    text = document.read_text()
+    assert "| 64 | 1 | 8 |" in text
+    if (tmp_path / "docs" / "benchmarks" / "speedup.png").is_file():
+        assert "![speed-up](benchmarks/speedup.png)" in text
+    assert not (tmp_path / "bench_out").exists()

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     rows = run_benchmark(settings)
     print(markdown_table(rows))
     print("\n".join(summary_lines(rows)))
-    paths = write_outputs(rows, settings, Path(args.output))
+    paths = write_outputs(rows, settings, output_folder(args))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     if args.update_docs:
         document = Path(args.doc)
@@ -49,6 +49,14 @@ def run(args: argparse.Namespace) -> int:
     for line in missed:
         print(f"target missed: {line}")
     return 1 if (missed and args.strict) else 0
+
+
+def output_folder(args: argparse.Namespace) -> Path:
+    """``--output``; by default ``bench_out``, or with ``--update-docs`` ``benchmarks/`` beside the document, so the
+    plot the document links to is committed with it."""
+    if args.output is not None:
+        return Path(args.output)
+    return Path(args.doc).parent / "benchmarks" if args.update_docs else Path("bench_out")
 
 
 def _int_list(name: str, text: str) -> tuple[int, ...]:
@@ -65,7 +73,10 @@ def _joined(values: tuple[int, ...]) -> str:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="benchmark verl's packing functions against verl_cppack's", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke run)")
-    parser.add_argument("--output", default="bench_out", help="folder for results.json, table.md, speedup.png")
+    parser.add_argument(
+        "--output",
+        help="folder for results.json, table.md, speedup.png (default bench_out; with --update-docs benchmarks/ beside --doc)",
+    )
     defaults = BenchSettings()
     parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads per rank (default %(default)s)")
     parser.add_argument(
