@@ -79,34 +79,55 @@ def test_a_ray_address_where_no_cluster_answers_fails_in_bounded_time(tmp_path):
     assert time.monotonic() - started < 60
 
 
-def _ray_processes() -> set[int]:
+def _trainer_and_ray(command_pid: int) -> set:
+    """verl's trainer and the Ray processes it started: descendants of the command ``command_pid`` (a Ray cluster
+    of another run on the same machine is not one of them)."""
     import psutil
 
-    found = set()
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        command = " ".join(process.info["cmdline"] or [])
-        if "raylet" in command or "gcs_server" in command or "verl.trainer.main_ppo" in command:
-            found.add(process.info["pid"])
-    return found
+    try:
+        descendants = psutil.Process(command_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return set()
+    return {p for p in descendants if any(name in " ".join(_cmdline(p)) for name in ("raylet", "gcs_server", "main_ppo"))}
+
+
+def _cmdline(process) -> list[str]:
+    import psutil
+
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
+
+
+def _alive(process) -> bool:
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_ctrl_c_stops_the_trainer_and_its_ray_cluster(tmp_path):
     """SIGINT once verl's trainer has started its Ray cluster: exit 130 and no trainer or Ray process is left."""
-    before = _ray_processes()
+    from tests.interrupts import default_sigint
+
     process = subprocess.Popen(
         [sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "500", "--output", str(tmp_path / "out")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
     )  # fmt: skip
     deadline = time.monotonic() + 240
-    while not (_ray_processes() - before) and time.monotonic() < deadline:
-        assert process.poll() is None, process.communicate()[1][-3000:]
+    while not any("raylet" in " ".join(_cmdline(p)) for p in _trainer_and_ray(process.pid)):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
         time.sleep(1)
     time.sleep(10)  # well inside Ray start-up and worker init
+    started = _trainer_and_ray(process.pid)  # psutil.Process objects: a recycled pid is not mistaken for them
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr[-3000:]
     assert "interrupted" in stderr
     deadline = time.monotonic() + 30
-    while _ray_processes() - before and time.monotonic() < deadline:
+    while any(_alive(p) for p in started) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not (_ray_processes() - before)
+    assert not [(p.pid, _cmdline(p)[:2]) for p in started if _alive(p)]
