@@ -18,7 +18,9 @@ from verl_cppack.jobs.verl_job import JobKind, JobSettings
 # Measured on the counting task (30 steps, CP=2; see the README's PPO notes): the value head starts random
 # (values ~0.74 against returns ~0.05, vf_explained_var -41 at step 1), so the critic trains alone for the
 # first CRITIC_ONLY_STEPS steps; lr 5e-4 with one epoch left it lagging the actor (explained variance 0.13 over the
-# last fifth), lr 1e-3 with two epochs per batch gave 0.19.
+# last fifth), lr 1e-3 with two epochs per batch gave 0.19 on one VM and -0.03 on another (same seed; more updates,
+# lr 2e-3 x 4 epochs or 3e-3 x 8, gave 0.12 and -0.07): 30 steps are too few updates for a random trunk to learn
+# which earlier tokens were right (README, Results).
 CRITIC_LEARNING_RATE = 1e-3
 CRITIC_EPOCHS = 2
 CRITIC_ONLY_STEPS = 2
