@@ -4,6 +4,7 @@ verl's trainer and the Ray cluster it started (exit 130, nothing left running)."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -117,17 +118,28 @@ def test_ctrl_c_stops_the_trainer_and_its_ray_cluster(tmp_path):
         [sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "500", "--output", str(tmp_path / "out")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
     )  # fmt: skip
-    deadline = time.monotonic() + 240
-    while not any("raylet" in " ".join(_cmdline(p)) for p in _trainer_and_ray(process.pid)):
-        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
-        time.sleep(1)
-    time.sleep(10)  # well inside Ray start-up and worker init
-    started = _trainer_and_ray(process.pid)  # psutil.Process objects: a recycled pid is not mistaken for them
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130, stderr[-3000:]
-    assert "interrupted" in stderr
-    deadline = time.monotonic() + 30
-    while any(_alive(p) for p in started) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert not [(p.pid, _cmdline(p)[:2]) for p in started if _alive(p)]
+    started: set = set()
+    try:
+        deadline = time.monotonic() + 240
+        while not any("raylet" in " ".join(_cmdline(p)) for p in _trainer_and_ray(process.pid)):
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+            time.sleep(1)
+        time.sleep(10)  # well inside Ray start-up and worker init
+        started = _trainer_and_ray(process.pid)  # psutil.Process objects: a recycled pid is not mistaken for them
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 130, stderr[-3000:]
+        assert "interrupted" in stderr
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in started) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not [(p.pid, _cmdline(p)[:2]) for p in started if _alive(p)]
+    finally:  # a failed test leaves nothing running (the trainer has its own session, outside the command's group)
+        if process.poll() is None:
+            started |= _trainer_and_ray(process.pid)
+            process.kill()
+            process.wait()
+        for leftover in started:
+            if _alive(leftover):
+                with contextlib.suppress(Exception):  # it may end between the look and the kill
+                    leftover.kill()

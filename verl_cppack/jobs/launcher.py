@@ -109,8 +109,9 @@ def check_ray_address(address: str) -> None:
 def run_trainer(run: TrainerRun, on_step: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
     """Run verl's trainer to the end; ``on_step(record)`` for every step as it lands. Returns the records.
 
-    Raises ``TrainerFailed`` when the trainer exits non-zero; ``KeyboardInterrupt`` after the trainer and the
-    Ray cluster it started have been stopped.
+    Raises ``TrainerFailed`` when the trainer exits non-zero. Whatever else ends the wait (``KeyboardInterrupt``,
+    an exception from ``on_step``, a closed stdout) propagates after the trainer and the Ray cluster it started
+    have been stopped.
     """
     if run.address:
         check_ray_address(run.address)
@@ -120,7 +121,7 @@ def run_trainer(run: TrainerRun, on_step: Callable[[dict[str, Any]], None]) -> l
     with run.log_path.open("w") as log:
         child = subprocess.Popen(
             run.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **run.environment()}, start_new_session=True,
+            env={**os.environ, **run.environment()}, start_new_session=True, preexec_fn=_default_sigint,
         )  # fmt: skip
         follower = _LineFollower(run.verl_metrics_path)
         trainer_output = _LineFollower(run.log_path) if run.verbose else None
@@ -137,8 +138,8 @@ def run_trainer(run: TrainerRun, on_step: Callable[[dict[str, Any]], None]) -> l
                 if finished:
                     break
                 time.sleep(0.5)
-        except KeyboardInterrupt:
-            stop_process_group(child)
+        except BaseException:  # Ctrl-C, and anything else that ends the launcher (a closed stdout, a bad line)
+            stop_process_group(child)  # the trainer runs in its own session: nothing else would stop it
             raise
         finally:
             writer.close()
@@ -146,6 +147,12 @@ def run_trainer(run: TrainerRun, on_step: Callable[[dict[str, Any]], None]) -> l
         raise TrainerFailed(f"verl's trainer exited with status {child.returncode}; its output: {run.log_path}\n"
                             + last_error_lines(run.log_path))  # fmt: skip
     return records
+
+
+def _default_sigint() -> None:
+    """In the trainer's process, before exec: SIGINT back to its default, so that ``stop_process_group``'s SIGINT
+    shuts verl and Ray down even when this command was started with SIGINT ignored (``nohup ... &``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class _LineFollower:

@@ -1,0 +1,90 @@
+"""The launcher's promise about verl's trainer process: whatever ends the launcher's wait, the trainer (which runs
+in its own session, out of reach of the terminal's Ctrl-C) is stopped by SIGINT, its clean shutdown path.
+
+A stand-in trainer (a small Python program) plays verl's: it logs one step the way verl's file logger does, then
+waits, and records how it ended.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from verl_cppack.jobs.launcher import TrainerFailed, TrainerRun, run_trainer
+
+STAND_IN = textwrap.dedent(
+    """
+    import json, os, sys, time
+    ended = sys.argv[1]
+    with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as log:
+        log.write(json.dumps({"step": 1, "data": {"critic/score/mean": 0.25}}) + "\\n")
+    if sys.argv[2] == "fail":
+        print("Traceback: the stand-in trainer failed", flush=True)
+        sys.exit(7)
+    try:
+        time.sleep(600)
+        open(ended, "w").write("slept")
+    except KeyboardInterrupt:
+        open(ended, "w").write("interrupted")
+    """
+)
+
+
+class StandInRun(TrainerRun):
+    def __init__(self, output_dir: Path, behaviour: str) -> None:
+        super().__init__(overrides=[], output_dir=output_dir, cp=2)
+        self.script = output_dir / "stand_in.py"
+        self.ended = output_dir / "ended"
+        self.behaviour = behaviour
+
+    def command(self) -> list[str]:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.script.write_text(STAND_IN)
+        return [sys.executable, str(self.script), str(self.ended), self.behaviour]
+
+
+class StepHandlerFailed(RuntimeError):
+    pass
+
+
+def _raise(error: BaseException):
+    def on_step(record):
+        assert record["step"] == 1 and record["reward_mean"] == 0.25 and record["cp"] == 2
+        raise error
+
+    return on_step
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), StepHandlerFailed("on_step failed"), BrokenPipeError()])
+def test_whatever_ends_the_wait_stops_the_trainer_with_sigint(tmp_path, error):
+    """Ctrl-C, an exception from on_step and a closed stdout all propagate, after the trainer got SIGINT."""
+    run = StandInRun(tmp_path, "wait")
+    with pytest.raises(type(error)):
+        run_trainer(run, _raise(error))
+    assert run.ended.read_text() == "interrupted"
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+def test_the_trainer_gets_sigint_even_when_the_command_was_started_with_it_ignored(tmp_path):
+    """`nohup verl-cppack grpo &` starts the command with SIGINT ignored; the trainer must still get the launcher's
+    SIGINT (its clean shutdown), not wait out the grace period for SIGKILL."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        run = StandInRun(tmp_path, "wait")
+        with pytest.raises(StepHandlerFailed):
+            run_trainer(run, _raise(StepHandlerFailed("stop")))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert run.ended.read_text() == "interrupted"
+
+
+def test_a_trainer_that_fails_is_trainer_failed_with_its_last_lines(tmp_path):
+    run = StandInRun(tmp_path, "fail")
+    with pytest.raises(TrainerFailed, match="exited with status 7") as failure:
+        run_trainer(run, lambda record: None)
+    assert "the stand-in trainer failed" in str(failure.value)
