@@ -88,3 +88,35 @@ def test_a_trainer_that_fails_is_trainer_failed_with_its_last_lines(tmp_path):
     with pytest.raises(TrainerFailed, match="exited with status 7") as failure:
         run_trainer(run, lambda record: None)
     assert "the stand-in trainer failed" in str(failure.value)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
+def test_a_launcher_killed_outright_still_stops_its_trainer(tmp_path):
+    """SIGKILL (or a terminal's SIGHUP) gives the launcher no chance to clean up; the trainer, in its own session,
+    is asked to stop by the kernel (parent-death signal SIGINT) instead of training on unattended."""
+    import subprocess
+    import time
+
+    from tests.interrupts import default_sigint
+
+    launcher = textwrap.dedent(
+        f"""
+        from pathlib import Path
+        from tests.test_launcher import StandInRun
+        from verl_cppack.jobs.launcher import run_trainer
+        run_trainer(StandInRun(Path({str(tmp_path)!r}), "wait"), lambda record: print("step", flush=True))
+        """
+    )
+    process = subprocess.Popen([sys.executable, "-c", launcher], cwd=Path(__file__).resolve().parents[1],
+                               stdout=subprocess.PIPE, text=True, preexec_fn=default_sigint)  # fmt: skip
+    try:
+        assert process.stdout.readline() == "step\n"
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ended").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "ended").read_text() == "interrupted"
+    finally:
+        if process.poll() is None:
+            process.kill()

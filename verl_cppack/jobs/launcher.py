@@ -11,6 +11,7 @@ count their calls in the workers (``VERL_CPPACK_CALL_COUNT_DIR``). The trainer's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -121,7 +122,7 @@ def run_trainer(run: TrainerRun, on_step: Callable[[dict[str, Any]], None]) -> l
     with run.log_path.open("w") as log:
         child = subprocess.Popen(
             run.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **run.environment()}, start_new_session=True, preexec_fn=_default_sigint,
+            env={**os.environ, **run.environment()}, start_new_session=True, preexec_fn=_trainer_setup(),
         )  # fmt: skip
         follower = _LineFollower(run.verl_metrics_path)
         trainer_output = _LineFollower(run.log_path) if run.verbose else None
@@ -149,10 +150,35 @@ def run_trainer(run: TrainerRun, on_step: Callable[[dict[str, Any]], None]) -> l
     return records
 
 
-def _default_sigint() -> None:
-    """In the trainer's process, before exec: SIGINT back to its default, so that ``stop_process_group``'s SIGINT
-    shuts verl and Ray down even when this command was started with SIGINT ignored (``nohup ... &``)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _trainer_setup() -> Callable[[], None]:
+    """What the trainer's process does before exec (``preexec_fn``):
+
+    - SIGINT back to its default, so that ``stop_process_group``'s SIGINT shuts verl and Ray down even when this
+      command was started with SIGINT ignored (``nohup ... &``);
+    - on Linux, SIGINT when this launcher dies without cleaning up (SIGKILL, SIGHUP from a closed terminal):
+      the trainer runs in its own session, so nothing else would stop it.
+
+    libc is loaded here, in the launcher: the child, between fork and exec, only calls it.
+    """
+    prctl = None
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+    launcher = os.getpid()
+
+    def setup() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, int(signal.SIGINT), 0, 0, 0)
+            if os.getppid() != launcher:  # the launcher died before the request was in place
+                os.kill(os.getpid(), signal.SIGINT)
+
+    return setup
 
 
 class _LineFollower:
