@@ -71,7 +71,7 @@ def run_job_command(kind: JobKind, args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"{kind.name}: verl.trainer.main_ppo at CP={args.cp}, {args.steps} steps -> {prepared.output_dir} "
-          f"(Ray start-up and worker init take about two minutes; trainer output in trainer.log)", flush=True)  # fmt: skip
+          f"(Ray start-up and worker init take one to two minutes; trainer output in trainer.log)", flush=True)  # fmt: skip
     try:
         summary = run_job(prepared, on_step=lambda record: print(progress_line(record, args.steps), flush=True))
     except TrainerFailed as error:
