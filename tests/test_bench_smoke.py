@@ -120,3 +120,20 @@ def test_update_docs_writes_the_plot_beside_the_document_it_links_from(tmp_path)
     if (tmp_path / "docs" / "benchmarks" / "speedup.png").is_file():
         assert "![speed-up](benchmarks/speedup.png)" in text
     assert not (tmp_path / "bench_out").exists()
+
+
+def test_a_missing_document_or_an_output_that_is_a_file_is_refused_before_measuring(tmp_path, capsys, monkeypatch):
+    """`--update-docs` with a `--doc` that is missing or has no markers, or an `--output` that is a file: one
+    error line and exit 2 before any process starts (not a traceback after minutes of measuring)."""
+    from verl_cppack.cli import bench, main
+
+    monkeypatch.setattr(bench, "run_benchmark", lambda settings: pytest.fail("measured before checking its input"))
+    assert main(["bench", "--quick", "--update-docs", "--doc", str(tmp_path / "missing.md")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    (tmp_path / "plain.md").write_text("# no markers\n")
+    assert main(["bench", "--quick", "--update-docs", "--doc", str(tmp_path / "plain.md")]) == 2
+    assert "has no performance markers" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("x")
+    assert main(["bench", "--quick", "--output", str(tmp_path / "a_file")]) == 2
+    assert "cannot be a results folder" in capsys.readouterr().err
+    assert (tmp_path / "a_file").read_text() == "x"

@@ -246,11 +246,11 @@ def session_processes(session_id: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads sessions from /proc")
 def test_ctrl_c_exits_130_and_leaves_no_process(model_dir, tmp_path):
+    from tests.interrupts import default_sigint
+
     output = tmp_path / "out"
     command = [sys.executable, "-m", "verl_cppack.cli", "ref-logprobs", "--model", str(model_dir), "--synthetic", "4",
                "--cp", "2", "--output", str(output)]  # fmt: skip
-    from tests.interrupts import default_sigint
-
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True, preexec_fn=default_sigint)  # fmt: skip
     try:

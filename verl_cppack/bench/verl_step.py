@@ -384,11 +384,20 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def update_generated_section(document: Path, section: str) -> None:
-    """Replace what lies between ``SECTION_BEGIN`` and ``SECTION_END`` in ``document`` (docs/performance.md)."""
-    text = document.read_text()
+def generated_section_text(document: Path) -> str:
+    """``document``'s text, checked to hold the generated section's markers (``ValueError`` otherwise)."""
+    try:
+        text = document.read_text()
+    except OSError as error:
+        raise ValueError(f"cannot read {document} ({error.strerror}); pass --doc with docs/performance.md") from None
     if SECTION_BEGIN not in text or SECTION_END not in text:
         raise ValueError(f"{document} has no performance markers ({SECTION_BEGIN} ... {SECTION_END})")
+    return text
+
+
+def update_generated_section(document: Path, section: str) -> None:
+    """Replace what lies between ``SECTION_BEGIN`` and ``SECTION_END`` in ``document`` (docs/performance.md)."""
+    text = generated_section_text(document)
     head, rest = text.split(SECTION_BEGIN, 1)
     _, tail = rest.split(SECTION_END, 1)
     document.write_text(f"{head}{SECTION_BEGIN}\n{section}\n{SECTION_END}{tail}")

@@ -11,6 +11,7 @@ from pathlib import Path
 from verl_cppack.bench.verl_step import (
     BenchSettings,
     check_targets,
+    generated_section_text,
     markdown_table,
     performance_section,
     run_benchmark,
@@ -30,13 +31,20 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, name) is not None:
                 settings = dataclasses.replace(settings, **{name: _int_list(name, getattr(args, name))})
         settings.check()
+        if args.update_docs:
+            generated_section_text(Path(args.doc))  # before minutes of measuring, not after
+        output = output_folder(args)
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ValueError(f"--output {output} cannot be a results folder ({error.strerror})") from None
     except (TypeError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     rows = run_benchmark(settings)
     print(markdown_table(rows))
     print("\n".join(summary_lines(rows)))
-    paths = write_outputs(rows, settings, output_folder(args))
+    paths = write_outputs(rows, settings, output)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     if args.update_docs:
         document = Path(args.doc)

@@ -203,9 +203,6 @@ def prepare(
         check_pairs(pairs, vocab_size)
     except ValueError as error:  # a token id >= vocab_size
         raise BadInput(f"{where}{error} of --model {model} (config.json vocab_size)") from error
-    output = Path(output)
-    if output.exists() and not output.is_dir():
-        raise BadInput(f"--output {output} exists and is not a directory")
     try:
         output_dir = fresh_output_dir(output)
     except ValueError as error:
