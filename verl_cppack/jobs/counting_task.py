@@ -49,7 +49,12 @@ class CountingAssets:
     version: int = 1  # bump when what is made changes
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        return dataclass_key(self)
+
+
+def dataclass_key(value) -> str:
+    """A short hash of a dataclass's fields: the name of what was made from them."""
+    return hashlib.sha256(json.dumps(asdict(value), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def cache_root() -> Path:

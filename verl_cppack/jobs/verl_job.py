@@ -42,6 +42,8 @@ class JobKind:
     panels: tuple[Panel, ...]  # curves drawn from metrics.jsonl (reward_curve.png, ...)
     summary: Callable[[Sequence[dict[str, Any]]], dict[str, Any]] = lambda records: {}
     min_group_size: int = 1  # GRPO normalises rewards within a group: 2
+    # what the composed config needs that this kind makes itself (ppo: the critic's checkpoint), before it is checked
+    make_assets: Callable[[CpuRun, Any], None] = lambda run, config: None
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ def prepare_job(kind: JobKind, settings: JobSettings, output_dir: Path | None = 
         settings.overrides,
     )  # fmt: skip
     config = compose_trainer_config(overrides)
+    kind.make_assets(run, config)
     check_composed(config)
     return PreparedJob(kind, settings, overrides, output_dir, config)
 

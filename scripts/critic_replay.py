@@ -1,0 +1,154 @@
+"""Replay a PPO run's rollouts through a critic trained as verl's is; print its explained variance per step.
+
+A diagnostic for the counting task (the evidence behind the PPO job's critic settings, README Results): run
+``verl-cppack ppo ... trainer.rollout_data_dir=DUMP`` once, then try critic settings here in seconds instead of a
+five-minute run each. The critic is the task's Llama with a fresh bias-free value head (what verl's Megatron
+critic builds), trained with verl's clipped value loss (``cliprange_value`` 0.5, token mean), AdamW with weight
+decay 0.01 and gradient clipping at 1.0, ``--epochs`` passes of ``--mini-batches`` updates per step; returns are
+the score at every response position (verl's GAE with gamma = lambda = 1). The explained variance of a step is
+computed, as verl's ``critic/vf_explained_var`` is, from the values before that step's update. The actor is not
+replayed: the rollouts are the dumped run's. ``--ceiling`` also prints what a lookup table reaches that knows how
+many earlier tokens were right and whether the last one was, fitted on the previous step's rollouts.
+
+usage: python scripts/critic_replay.py DUMP [--init policy|reward-model|DIR] [--lr 5e-4] [--epochs 1]
+       [--mini-batches 4] [--seed 0] [--ceiling]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from verl_cppack.jobs.counting_reward import RESPONSE_LENGTH, SYMBOLS
+from verl_cppack.jobs.counting_reward_model import encode_batch
+from verl_cppack.jobs.counting_task import build_tokenizer, ensure_counting_assets
+from verl_cppack.jobs.output import fifth_means
+
+
+def load_steps(dump: Path) -> list[list[dict]]:
+    files = sorted(dump.glob("*.jsonl"), key=lambda path: int(path.stem))
+    if not files:
+        raise SystemExit(f"error: no <step>.jsonl in {dump}: pass the run's trainer.rollout_data_dir")
+    return [[json.loads(line) for line in path.read_text().splitlines()] for path in files]
+
+
+def correct_flags(row: dict) -> list[bool]:
+    previous, flags = row["input"][-1], []
+    for symbol in row["output"][:RESPONSE_LENGTH]:
+        flags.append(SYMBOLS.index(symbol) == (SYMBOLS.index(previous) + 1) % len(SYMBOLS))
+        previous = symbol
+    return flags
+
+
+def response_positions(rows: list[dict], last_position: torch.Tensor):
+    """Where each response token's value is read (the position before it) ``[batch, R]``, its mask, its return."""
+    lengths = torch.tensor([min(len(row["output"]) + 1, RESPONSE_LENGTH) for row in rows])  # EOS counts as a token
+    offsets = torch.arange(RESPONSE_LENGTH)
+    mask = offsets[None, :] < lengths[:, None]  # [batch, R]
+    positions = (last_position - lengths)[:, None] + offsets[None, :]  # [batch, R]
+    returns = torch.tensor([row["score"] for row in rows])[:, None].expand(-1, RESPONSE_LENGTH)
+    return positions.clamp(min=0), mask, returns
+
+
+def explained_variance(values, returns, mask) -> float:
+    def masked_var(x):
+        mean = x[mask].mean()
+        return ((x[mask] - mean) ** 2).sum() / (mask.sum() - 1)
+
+    return float(1 - masked_var(returns - values) / masked_var(returns))
+
+
+def replay(steps, trunk, head, lr: float, epochs: int, mini_batches: int, seed: int) -> list[float]:
+    parameters = [*trunk.parameters(), *head.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.01)
+    tokenizer = build_tokenizer()
+    torch.manual_seed(seed)
+    history = []
+    for rows in steps:
+        samples = [(row["input"], row["output"], row["score"]) for row in rows]
+        input_ids, attention_mask, last_position = encode_batch(tokenizer, samples)
+        positions, mask, returns = response_positions(rows, last_position)
+
+        def values(index):
+            hidden = trunk(input_ids=input_ids[index], attention_mask=attention_mask[index]).last_hidden_state
+            return torch.gather(head(hidden).squeeze(-1), 1, positions[index])  # [rows, R]
+
+        everything = torch.arange(len(rows))
+        with torch.no_grad():
+            old = values(everything)
+        history.append(explained_variance(old, returns, mask))
+        for _ in range(epochs):
+            for index in everything.chunk(mini_batches):
+                new = values(index)
+                clipped = torch.maximum(torch.minimum(new, old[index] + 0.5), old[index] - 0.5)
+                losses = torch.maximum((new - returns[index]) ** 2, (clipped - returns[index]) ** 2)
+                loss = 0.5 * losses[mask[index]].mean()
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+                optimizer.step()
+    return history
+
+
+def ceiling(steps) -> list[float]:
+    """Explained variance of a lookup (position, earlier tokens right, last one right) fitted on the step before."""
+
+    def cells(rows):
+        for row in rows:
+            flags = correct_flags(row)
+            for t in range(min(len(row["output"]) + 1, RESPONSE_LENGTH)):
+                known = sum(flags[:t]) / RESPONSE_LENGTH
+                yield (t, sum(flags[:t]), flags[t - 1] if t else None), known, row["score"]
+
+    history = [float("nan")]
+    for previous, rows in zip(steps, steps[1:]):
+        table = defaultdict(list)
+        for key, known, score in cells(previous):
+            table[key].append(score - known)
+        fallback = sum(map(sum, table.values())) / sum(map(len, table.values()))
+        predicted, returns = [], []
+        for key, known, score in cells(rows):
+            predicted.append(known + (sum(table[key]) / len(table[key]) if table.get(key) else fallback))
+            returns.append(score)
+        predicted, returns = torch.tensor(predicted), torch.tensor(returns)
+        history.append(explained_variance(predicted, returns, torch.ones_like(returns, dtype=torch.bool)))
+    return history
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dump", type=Path, help="the run's trainer.rollout_data_dir")
+    parser.add_argument("--init", default="reward-model", help="policy, reward-model or a checkpoint directory")
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--mini-batches", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ceiling", action="store_true")
+    args = parser.parse_args(argv)
+    steps = load_steps(args.dump)
+
+    from transformers import LlamaForCausalLM
+
+    from verl_cppack.jobs.counting_reward_model import ensure_counting_reward_model
+
+    paths = ensure_counting_assets()
+    init = {"policy": paths.model, "reward-model": None}.get(args.init, Path(args.init))
+    init = init or ensure_counting_reward_model(paths)
+    torch.manual_seed(args.seed)
+    trunk = LlamaForCausalLM.from_pretrained(init, torch_dtype=torch.float32).model
+    head = torch.nn.Linear(trunk.config.hidden_size, 1, bias=False)
+    history = replay(steps, trunk, head, args.lr, args.epochs, args.mini_batches, args.seed)
+    print(f"critic from {args.init}, lr {args.lr}, {args.epochs} epoch(s) x {args.mini_batches} mini-batches: "
+          f"explained variance last fifth {fifth_means(history)[1]:.3f}; per step {[round(x, 2) for x in history]}")
+    if args.ceiling:
+        history = ceiling(steps)
+        print(f"lookup ceiling: last fifth {fifth_means(history[1:])[1]:.3f}; "
+              f"per step {[round(x, 2) for x in history]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""``scripts/critic_replay.py``, the offline critic replay behind the PPO job's critic settings.
+
+Its one piece of index math, where each response token's value is read, must be verl's (``no_padding_2_padding``:
+the position before the token, the ``EOS`` of a response that stopped early included); checked against a slow
+per-row oracle. The replay itself runs end to end on a made-up dump.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from verl_cppack.jobs.counting_reward import RESPONSE_LENGTH, SYMBOLS, score_response  # noqa: E402
+from verl_cppack.jobs.counting_reward_model import encode_batch  # noqa: E402
+from verl_cppack.jobs.counting_task import CountingAssets, build_tokenizer, ensure_counting_assets  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "critic_replay.py"
+spec = importlib.util.spec_from_file_location("critic_replay", SCRIPT)
+critic_replay = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(critic_replay)
+
+rows_strategy = st.lists(
+    st.tuples(st.text(SYMBOLS, min_size=2, max_size=6), st.text(SYMBOLS, min_size=0, max_size=RESPONSE_LENGTH)),
+    min_size=1, max_size=6,
+)  # fmt: skip
+
+
+@given(pairs=rows_strategy)
+@settings(max_examples=60, deadline=None)
+def test_values_are_read_at_the_position_before_each_response_token_as_verl_does(pairs):
+    rows = [{"input": prompt, "output": output, "score": score_response(prompt[-1], output)}
+            for prompt, output in pairs]  # fmt: skip
+    tokenizer = build_tokenizer()
+    input_ids, _, last_position = encode_batch(tokenizer, [(r["input"], r["output"], r["score"]) for r in rows])
+    positions, mask, returns = critic_replay.response_positions(rows, last_position)
+    for index, row in enumerate(rows):
+        response_tokens = len(row["output"]) + (len(row["output"]) < RESPONSE_LENGTH)  # a stopped response has EOS
+        expected = [len(row["input"]) - 1 + t for t in range(response_tokens)]
+        assert positions[index][mask[index]].tolist() == expected
+        assert returns[index][mask[index]].tolist() == pytest.approx([row["score"]] * response_tokens)
+        response = input_ids[index, len(row["input"]) : len(row["input"]) + response_tokens].tolist()
+        eos = "</s>" if response_tokens > len(row["output"]) else ""
+        assert response == tokenizer(row["output"] + eos)["input_ids"]
+
+
+def test_a_replay_runs_over_a_made_up_dump(tmp_path):
+    rng = random.Random(0)
+    for step in (1, 2, 3):
+        rows = []
+        for _ in range(16):
+            prompt = "".join(rng.choice(SYMBOLS) for _ in range(rng.randint(2, 6)))
+            output = "".join(rng.choice(SYMBOLS) for _ in range(rng.randint(0, RESPONSE_LENGTH)))
+            rows.append({"input": prompt, "output": output, "score": score_response(prompt[-1], output), "step": step})
+        (tmp_path / f"{step}.jsonl").write_text("\n".join(json.dumps(row) for row in rows))
+    steps = critic_replay.load_steps(tmp_path)
+    assert [len(rows) for rows in steps] == [16, 16, 16]
+
+    from transformers import LlamaForCausalLM
+
+    tiny = CountingAssets(hidden_size=32, intermediate_size=64, num_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, train_prompts=8, test_prompts=8)  # fmt: skip
+    trunk = LlamaForCausalLM.from_pretrained(ensure_counting_assets(tiny, root=tmp_path / "assets").model).model
+    head = torch.nn.Linear(32, 1, bias=False)
+    history = critic_replay.replay(steps, trunk, head, lr=1e-3, epochs=1, mini_batches=2, seed=0)
+    assert len(history) == 3 and all(map(lambda x: x == x, history))
+    assert len(critic_replay.ceiling(steps)) == 3
+
+
+def test_an_empty_dump_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="rollout_data_dir"):
+        critic_replay.load_steps(tmp_path)
