@@ -7,11 +7,11 @@ critic builds), trained with verl's clipped value loss (``cliprange_value`` 0.5,
 decay 0.01 and gradient clipping at 1.0, ``--epochs`` passes of ``--mini-batches`` updates per step; returns are
 the score at every response position (verl's GAE with gamma = lambda = 1). The explained variance of a step is
 computed, as verl's ``critic/vf_explained_var`` is, from the values before that step's update. The actor is not
-replayed: the rollouts are the dumped run's. ``--ceiling`` also prints what a lookup table reaches that knows how
+replayed: the rollouts are the dumped run's. ``--lookup`` also prints what a lookup table reaches that knows how
 many earlier tokens were right and whether the last one was, fitted on the previous step's rollouts.
 
 usage: python scripts/critic_replay.py DUMP [--init policy|reward-model|DIR] [--lr 5e-4] [--epochs 1]
-       [--mini-batches 4] [--seed 0] [--ceiling]
+       [--mini-batches 4] [--seed 0] [--lookup]
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def replay(steps, trunk, head, lr: float, epochs: int, mini_batches: int, seed: 
     return history
 
 
-def ceiling(steps) -> list[float]:
+def lookup_reference(steps) -> list[float]:
     """Explained variance of a lookup (position, earlier tokens right, last one right) fitted on the step before."""
 
     def cells(rows):
@@ -127,7 +127,7 @@ def main(argv=None) -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--mini-batches", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ceiling", action="store_true")
+    parser.add_argument("--lookup", action="store_true")
     args = parser.parse_args(argv)
     steps = load_steps(args.dump)
 
@@ -144,9 +144,9 @@ def main(argv=None) -> None:
     history = replay(steps, trunk, head, args.lr, args.epochs, args.mini_batches, args.seed)
     print(f"critic from {args.init}, lr {args.lr}, {args.epochs} epoch(s) x {args.mini_batches} mini-batches: "
           f"explained variance last fifth {fifth_means(history)[1]:.3f}; per step {[round(x, 2) for x in history]}")
-    if args.ceiling:
-        history = ceiling(steps)
-        print(f"lookup ceiling: last fifth {fifth_means(history[1:])[1]:.3f}; "
+    if args.lookup:
+        history = lookup_reference(steps)
+        print(f"lookup reference: last fifth {fifth_means(history[1:])[1]:.3f}; "
               f"per step {[round(x, 2) for x in history]}")
 
 

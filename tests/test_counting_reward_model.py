@@ -138,5 +138,6 @@ def test_the_ppo_job_starts_its_critic_from_the_reward_model_and_trains_it_only_
     config = prepare_job(ppo.PPO, JobSettings(), output_dir=tmp_path / "c").config
     assert made == [assets] and config.critic.model.path == str(reward_model.reward_model_dir(assets))
     assert config.actor_rollout_ref.model.path == str(assets.model)
+    assert config.actor_rollout_ref.actor.entropy_coeff == 0.01  # PPO's entropy bonus (the PPO paper's c2)
     prepare_job(ppo.PPO, JobSettings(), output_dir=tmp_path / "d")
     assert made == [assets]  # made once

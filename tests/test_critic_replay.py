@@ -72,7 +72,7 @@ def test_a_replay_runs_over_a_made_up_dump(tmp_path):
     head = torch.nn.Linear(32, 1, bias=False)
     history = critic_replay.replay(steps, trunk, head, lr=1e-3, epochs=1, mini_batches=2, seed=0)
     assert len(history) == 3 and all(map(lambda x: x == x, history))
-    assert len(critic_replay.ceiling(steps)) == 3
+    assert len(critic_replay.lookup_reference(steps)) == 3
 
 
 def test_an_empty_dump_directory_is_a_clear_error(tmp_path):

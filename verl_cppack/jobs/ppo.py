@@ -18,22 +18,28 @@ from verl_cppack.jobs.output import Panel, fifth_means
 from verl_cppack.jobs.trainer_config import PLUGIN, CpuRun, megatron_overlay
 from verl_cppack.jobs.verl_job import JobKind, JobSettings
 
-# Measured on the counting task (30 steps, CP=2; README, Results): the critic starts from the task's reward model
-# (counting_reward_model.py), not from the policy's random checkpoint, whose trunk would first have to learn which
-# earlier tokens were right; its value head is new (values ~0.7 against returns ~0.05 at step 1), so the critic
-# trains alone for the first CRITIC_ONLY_STEPS steps. From the reward model one gentle pass per batch tracks the
-# policy best: replaying real runs' rollouts, lr 5e-4 x 1 epoch explained 0.09-0.37 of the variance over the last
-# fifth where lr 1e-3 x 2 epochs (needed from a random trunk) overshot when the policy moved (0.06-0.35).
+# Measured on the counting task (30 steps, CP=2; README, Results, and scripts/critic_replay.py over the rollouts of
+# eight real runs): the critic starts from the task's reward model (counting_reward_model.py), not from the policy's
+# random checkpoint, whose trunk would first have to learn which earlier tokens were right (replayed, 0.04-0.30 of
+# the returns' variance explained over the last fifth from the random trunk at lr 1e-3 x 2 epochs, 0.10-0.36 from
+# the reward model's at lr 5e-4 x 1 epoch, better on every one of the eight). Its value head is new (values ~0.7
+# against returns ~0.05 at step 1), so the critic trains alone for the first CRITIC_ONLY_STEPS steps.
 CRITIC_LEARNING_RATE = 5e-4
 CRITIC_EPOCHS = 1
 CRITIC_ONLY_STEPS = 2
 # verl 0.9.1 counts steps from 1 and skips the actor's update while trainer.critic_warmup > step.
 CRITIC_WARMUP = CRITIC_ONLY_STEPS + 1
+# PPO's entropy bonus, the PPO paper's c2 = 0.01 (verl's default is 0): without it the actor collapsed (entropy 0.03)
+# into one prompt-independent periodic answer ("89ab89") in some runs, whose returns differ only by chance matches
+# with the prompt, and the critic's explained variance fell to 0.02 (README, Results).
+ENTROPY_COEFFICIENT = 0.01
 
 
-def critic_overlay(run: CpuRun) -> list[str]:
+def ppo_overlay(run: CpuRun) -> list[str]:
+    """What PPO adds to the CPU overlay: the critic (Megatron at CP=``run.cp``, from the reward model), the bonus."""
     batch = run.prompts_per_step * run.group_size
     return [
+        f"actor_rollout_ref.actor.entropy_coeff={ENTROPY_COEFFICIENT}",
         *megatron_overlay("critic.megatron", run),
         f"critic.model.path={reward_model_dir(run.assets)}",
         f"critic.model.external_lib={PLUGIN}",
@@ -66,7 +72,7 @@ def critic_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 PPO = JobKind(
     name="ppo",
     recipe="gsm8k_ppo_megatron_cp2.sh",
-    overlay=critic_overlay,
+    overlay=ppo_overlay,
     panels=(
         Panel("reward_mean", "mean reward (critic/score/mean)", "tab:blue", ylim=(0, 1)),
         Panel("actor/entropy", "actor entropy", "tab:green"),
