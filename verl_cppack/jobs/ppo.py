@@ -22,8 +22,8 @@ from verl_cppack.jobs.verl_job import JobKind, JobSettings
 # eight real runs): the critic starts from the task's reward model (counting_reward_model.py), not from the policy's
 # random checkpoint, whose trunk would first have to learn which earlier tokens were right (replayed, 0.04-0.30 of
 # the returns' variance explained over the last fifth from the random trunk at lr 1e-3 x 2 epochs, 0.10-0.36 from
-# the reward model's at lr 5e-4 x 1 epoch, better on every one of the eight). Its value head is new (values ~0.7
-# against returns ~0.05 at step 1), so the critic trains alone for the first CRITIC_ONLY_STEPS steps.
+# the reward model's at lr 5e-4 x 1 epoch, better on every one of the eight). Its value head is new (mean values
+# -0.4 to 0.6 against returns ~0.05 at step 1), so the critic trains alone for the first CRITIC_ONLY_STEPS steps.
 CRITIC_LEARNING_RATE = 5e-4
 CRITIC_EPOCHS = 1
 CRITIC_ONLY_STEPS = 2
