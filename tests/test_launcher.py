@@ -26,11 +26,15 @@ STAND_IN = textwrap.dedent(
     if sys.argv[2] == "fail":
         print("Traceback: the stand-in trainer failed", flush=True)
         sys.exit(7)
+    def record(how):  # written whole, then renamed: a test polling for the file never reads it half-written
+        with open(ended + ".partial", "w") as file:
+            file.write(how)
+        os.replace(ended + ".partial", ended)
     try:
         time.sleep(600)
-        open(ended, "w").write("slept")
+        record("slept")
     except KeyboardInterrupt:
-        open(ended, "w").write("interrupted")
+        record("interrupted")
     """
 )
 
