@@ -23,25 +23,28 @@ from pathlib import Path
 
 import torch
 
-from verl_cppack.jobs.counting_reward import RESPONSE_LENGTH, SYMBOLS
+from verl_cppack.jobs.counting_reward import RESPONSE_LENGTH, correct_positions
 from verl_cppack.jobs.counting_reward_model import encode_batch
 from verl_cppack.jobs.counting_task import build_tokenizer, ensure_counting_assets
 from verl_cppack.jobs.output import fifth_means
 
 
 def load_steps(dump: Path) -> list[list[dict]]:
-    files = sorted(dump.glob("*.jsonl"), key=lambda path: int(path.stem))
-    if not files:
-        raise SystemExit(f"error: no <step>.jsonl in {dump}: pass the run's trainer.rollout_data_dir")
-    return [[json.loads(line) for line in path.read_text().splitlines()] for path in files]
-
-
-def correct_flags(row: dict) -> list[bool]:
-    previous, flags = row["input"][-1], []
-    for symbol in row["output"][:RESPONSE_LENGTH]:
-        flags.append(SYMBOLS.index(symbol) == (SYMBOLS.index(previous) + 1) % len(SYMBOLS))
-        previous = symbol
-    return flags
+    """The dumped rollouts, one list of rows per step (``ValueError`` for anything that is not such a dump)."""
+    files = sorted((path for path in dump.glob("*.jsonl") if path.stem.isdigit()), key=lambda path: int(path.stem))
+    if not dump.is_dir() or not files:
+        raise ValueError(f"no <step>.jsonl in {dump}: pass the directory a run's trainer.rollout_data_dir named")
+    steps = []
+    for path in files:
+        try:
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            if not rows or not all(isinstance(row["input"], str) and row["input"] and isinstance(row["output"], str)
+                                   and isinstance(row["score"], (int, float)) for row in rows):  # fmt: skip
+                raise ValueError("a row without a non-empty input, an output and a score")
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path} is not a verl rollout dump ({error})") from error
+        steps.append(rows)
+    return steps
 
 
 def response_positions(rows: list[dict], last_position: torch.Tensor):
@@ -99,7 +102,7 @@ def lookup_reference(steps) -> list[float]:
 
     def cells(rows):
         for row in rows:
-            flags = correct_flags(row)
+            flags = correct_positions(row["input"][-1], row["output"])
             for t in range(min(len(row["output"]) + 1, RESPONSE_LENGTH)):
                 known = sum(flags[:t]) / RESPONSE_LENGTH
                 yield (t, sum(flags[:t]), flags[t - 1] if t else None), known, row["score"]
@@ -129,7 +132,14 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lookup", action="store_true")
     args = parser.parse_args(argv)
-    steps = load_steps(args.dump)
+    if not 0 < args.lr < 1 or args.epochs < 1 or args.mini_batches < 1 or args.seed < 0:
+        parser.error("--lr must be in (0, 1), --epochs and --mini-batches >= 1, --seed >= 0")
+    if args.init not in ("policy", "reward-model") and not (Path(args.init) / "config.json").is_file():
+        parser.error(f"--init {args.init}: not policy, reward-model or a Hugging Face checkpoint directory")
+    try:
+        steps = load_steps(args.dump)
+    except ValueError as error:
+        parser.error(str(error))
 
     from transformers import LlamaForCausalLM
 

@@ -75,6 +75,29 @@ def test_a_replay_runs_over_a_made_up_dump(tmp_path):
     assert len(critic_replay.lookup_reference(steps)) == 3
 
 
-def test_an_empty_dump_directory_is_a_clear_error(tmp_path):
-    with pytest.raises(SystemExit, match="rollout_data_dir"):
-        critic_replay.load_steps(tmp_path)
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["{dump}/missing"], "rollout_data_dir"),
+        (["{empty}"], "rollout_data_dir"),
+        (["{bad}"], "not a verl rollout dump"),
+        (["{dump}", "--epochs", "0"], "--epochs"),
+        (["{dump}", "--mini-batches", "-1"], "--mini-batches"),
+        (["{dump}", "--lr", "0"], "--lr"),
+        (["{dump}", "--init", "{empty}"], "Hugging Face checkpoint"),
+        (["{dump}", "--epochs", "two"], "invalid int"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_exit_2(arguments, message, tmp_path):
+    import subprocess
+    import sys
+
+    dump, empty, bad = tmp_path / "dump", tmp_path / "empty", tmp_path / "bad"
+    for directory in (dump, empty, bad):
+        directory.mkdir()
+    (dump / "1.jsonl").write_text(json.dumps({"input": "3", "output": "45", "score": 2 / 6}))
+    (bad / "1.jsonl").write_text('{"input": "3", "output": "45"}\nnot json')
+    arguments = [argument.format(dump=dump, empty=empty, bad=bad) for argument in arguments]
+    result = subprocess.run([sys.executable, str(SCRIPT), *arguments], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert message in result.stderr.strip().splitlines()[-1]

@@ -23,7 +23,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from verl_cppack.jobs.counting_reward import RESPONSE_LENGTH, SYMBOLS, score_response
+from verl_cppack.jobs.counting_reward import RESPONSE_LENGTH, SYMBOLS, score_response, successor
 from verl_cppack.jobs.counting_task import EOS, CountingPaths, build_tokenizer, dataclass_key, sample_prompt
 
 
@@ -53,7 +53,7 @@ def sample_scored_response(rng: random.Random) -> tuple[str, str, float]:
     previous, response = prompt[-1], []
     for _ in range(length):
         if rng.random() < counting:
-            symbol = SYMBOLS[(SYMBOLS.index(previous) + 1) % len(SYMBOLS)]
+            symbol = successor(previous)
         else:
             symbol = rng.choice(SYMBOLS)
         response.append(symbol)

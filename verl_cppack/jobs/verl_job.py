@@ -115,9 +115,12 @@ def check_composed(config: Any) -> None:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    with warnings.catch_warnings():  # need_critic warns that GRPO has no critic: verl's note, not the user's problem
+        warnings.simplefilter("ignore")
+        use_critic, use_reference = need_critic(config), need_reference_policy(config)
     for key in ("actor_rollout_ref.model.path", "critic.model.path"):
         path = Path(str(_select(config, key))).expanduser()
-        if key.startswith("critic") and not need_critic(config):
+        if key.startswith("critic") and not use_critic:
             continue
         if not (path / "config.json").is_file():
             raise ValueError(
@@ -129,7 +132,7 @@ def check_composed(config: Any) -> None:
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # verl's notes go to trainer.log
             warnings.simplefilter("ignore")
-            validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+            validate_config(config=config, use_reference_policy=use_reference, use_critic=use_critic)
     except (AssertionError, ValueError, TypeError, InstantiationException) as error:
         raise ValueError(f"verl's validate_config rejects the configuration: {error}") from error
 
