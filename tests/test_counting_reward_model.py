@@ -112,10 +112,13 @@ def test_a_failed_training_leaves_nothing_a_later_run_would_trust(trained, monke
 
 def test_the_ppo_job_starts_its_critic_from_the_reward_model_and_trains_it_only_when_used(tmp_path, monkeypatch):
     """The reward model is made after verl's config is composed (a misspelt key costs no training) and only when
-    the critic still points at it; the actor keeps the policy's checkpoint."""
+    the critic still points at it; the actor keeps the policy's checkpoint; `verl-cppack ppo`'s defaults (the actor's
+    learning rate and bonus, the batch) reach verl's config."""
     pytest.importorskip("verl")
     import shutil
 
+    from verl_cppack.cli import build_parser
+    from verl_cppack.cli.trainer_job import settings_from_args
     from verl_cppack.jobs import ppo
     from verl_cppack.jobs.counting_task import CACHE_ENV
     from verl_cppack.jobs.verl_job import JobSettings, prepare_job
@@ -135,9 +138,12 @@ def test_the_ppo_job_starts_its_critic_from_the_reward_model_and_trains_it_only_
     settings = JobSettings(overrides=(f"critic.model.path={assets.model}",))
     config = prepare_job(ppo.PPO, settings, output_dir=tmp_path / "b").config
     assert made == [] and config.critic.model.path == str(assets.model)
-    config = prepare_job(ppo.PPO, JobSettings(), output_dir=tmp_path / "c").config
+    defaults = settings_from_args(build_parser().parse_args(["ppo", "--output", str(tmp_path / "c")]))
+    config = prepare_job(ppo.PPO, defaults).config  # what `verl-cppack ppo` composes
     assert made == [assets] and config.critic.model.path == str(reward_model.reward_model_dir(assets))
     assert config.actor_rollout_ref.model.path == str(assets.model)
     assert config.actor_rollout_ref.actor.entropy_coeff == 0.01  # PPO's entropy bonus (the PPO paper's c2)
+    assert config.actor_rollout_ref.actor.optim.lr == 1e-3  # a third of grpo's: at 3e-3 the actor collapsed
+    assert config.data.train_batch_size == 32 and config.actor_rollout_ref.rollout.n == 4
     prepare_job(ppo.PPO, JobSettings(), output_dir=tmp_path / "d")
     assert made == [assets]  # made once

@@ -84,4 +84,9 @@ PPO = JobKind(
     make_assets=make_reward_model,
 )
 
-PPO_DEFAULTS = JobSettings(prompts_per_step=32, group_size=4)  # 128 responses per step, as grpo's 16 x 8
+# 128 responses per step, as grpo's 16 x 8. The actor's learning rate is a third of grpo's 3e-3: at 3e-3, ten of eleven
+# PPO runs whose rollouts were dumped ended on one prompt-independent periodic answer ("456745" whatever the prompt,
+# reward 0.67, returns nearly constant), where the critic has little to explain (0.02-0.10 over the last fifth in
+# such runs); at 1e-3 each of four runs learnt to count on from the prompt (64-103 distinct answers among the last
+# step's 128, a fifth of them fully right, reward 0.72-0.78 at step 30) and the critic explained 0.17-0.20.
+PPO_DEFAULTS = JobSettings(prompts_per_step=32, group_size=4, learning_rate=1e-3)
