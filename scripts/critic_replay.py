@@ -10,8 +10,8 @@ computed, as verl's ``critic/vf_explained_var`` is, from the values before that 
 replayed: the rollouts are the dumped run's. ``--lookup`` also prints what a lookup table reaches that knows how
 many earlier tokens were right and whether the last one was, fitted on the previous step's rollouts.
 
-usage: python scripts/critic_replay.py DUMP [--init policy|reward-model|DIR] [--lr 5e-4] [--epochs 1]
-       [--mini-batches 4] [--seed 0] [--lookup]
+usage: python scripts/critic_replay.py DUMP [--init policy|reward-model|DIR] [--lr LR] [--epochs N]
+       [--mini-batches N] [--seed 0] [--lookup]      (defaults: the PPO job's critic settings)
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ from verl_cppack.jobs.counting_reward import RESPONSE_LENGTH, correct_positions
 from verl_cppack.jobs.counting_reward_model import encode_batch
 from verl_cppack.jobs.counting_task import build_tokenizer, ensure_counting_assets
 from verl_cppack.jobs.output import fifth_means
+from verl_cppack.jobs.ppo import CRITIC_EPOCHS, CRITIC_LEARNING_RATE
+from verl_cppack.jobs.trainer_config import CpuRun
+
+CRITIC_MINI_BATCHES = CpuRun.mini_batches  # the PPO job's critic.ppo_mini_batch_size is the batch over this
 
 
 def load_steps(dump: Path) -> list[list[dict]]:
@@ -65,7 +69,9 @@ def explained_variance(values, returns, mask) -> float:
     return float(1 - masked_var(returns - values) / masked_var(returns))
 
 
-def replay(steps, trunk, head, lr: float, epochs: int, mini_batches: int, seed: int) -> list[float]:
+def replay(steps, trunk, head, lr: float, epochs: int, mini_batches: int, seed: int, seen: list | None = None):
+    """The critic's explained variance per step; ``seen`` (if given) receives each step's ``(values, returns, mask)``,
+    the values being those before the step's update, ``[batch, R]`` each."""
     parameters = [*trunk.parameters(), *head.parameters()]
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.01)
     tokenizer = build_tokenizer()
@@ -84,6 +90,8 @@ def replay(steps, trunk, head, lr: float, epochs: int, mini_batches: int, seed: 
         with torch.no_grad():
             old = values(everything)
         history.append(explained_variance(old, returns, mask))
+        if seen is not None:
+            seen.append((old, returns, mask))
         for _ in range(epochs):
             for index in everything.chunk(mini_batches):
                 new = values(index)
@@ -97,40 +105,63 @@ def replay(steps, trunk, head, lr: float, epochs: int, mini_batches: int, seed: 
     return history
 
 
-def lookup_reference(steps) -> list[float]:
-    """Explained variance of a lookup (position, earlier tokens right, last one right) fitted on the step before."""
+def lookup_key(flags: list[bool], t: int):
+    """What the lookup knows before response token ``t``: t, how many earlier tokens were right, was the last one."""
+    return t, sum(flags[:t]), flags[t - 1] if t else None
+
+
+def lookup_predictions(steps) -> list[torch.Tensor | None]:
+    """Per step, a lookup's values ``[batch, R]`` (zero where no token is): the mean return of the previous step's
+    tokens with the same ``lookup_key``, or of all of them for a key it never saw; ``None`` for the first step."""
 
     def cells(rows):
-        for row in rows:
+        for index, row in enumerate(rows):
             flags = correct_positions(row["input"][-1], row["output"])
             for t in range(min(len(row["output"]) + 1, RESPONSE_LENGTH)):
-                known = sum(flags[:t]) / RESPONSE_LENGTH
-                yield (t, sum(flags[:t]), flags[t - 1] if t else None), known, row["score"]
+                yield index, t, lookup_key(flags, t), row["score"]
 
-    history = [float("nan")]
+    predictions = [None]
     for previous, rows in zip(steps, steps[1:]):
         table = defaultdict(list)
-        for key, known, score in cells(previous):
-            table[key].append(score - known)
+        for _, _, key, score in cells(previous):
+            table[key].append(score)
         fallback = sum(map(sum, table.values())) / sum(map(len, table.values()))
-        predicted, returns = [], []
-        for key, known, score in cells(rows):
-            predicted.append(known + (sum(table[key]) / len(table[key]) if table.get(key) else fallback))
-            returns.append(score)
-        predicted, returns = torch.tensor(predicted), torch.tensor(returns)
-        history.append(explained_variance(predicted, returns, torch.ones_like(returns, dtype=torch.bool)))
-    return history
+        predicted = torch.zeros(len(rows), RESPONSE_LENGTH)
+        for index, t, key, _ in cells(rows):
+            predicted[index, t] = sum(table[key]) / len(table[key]) if key in table else fallback
+        predictions.append(predicted)
+    return predictions
+
+
+def per_position_table(seen, lookups) -> str:
+    """Over the last fifth of steps, per response position: the returns' variance, the critic's mean error and mean
+    squared error, and the lookup's mean squared error (a critic that explains nothing at a position has a mean
+    squared error of about the variance there)."""
+    width = max(1, len(seen) // 5)
+    lines = ["position  return variance  critic mean error  critic squared error  lookup squared error"]
+    for t in range(RESPONSE_LENGTH):
+        figures = []
+        for (values, returns, mask), lookup in zip(seen[-width:], lookups[-width:]):
+            at = mask[:, t]
+            error = values[at, t] - returns[at, t]
+            lookup_error = (lookup[at, t] - returns[at, t]) if lookup is not None else torch.full_like(error, float("nan"))
+            figures.append([returns[at, t].var(), error.mean(), (error**2).mean(), (lookup_error**2).mean()])
+        mean = torch.tensor(figures).mean(dim=0).tolist()
+        lines.append(f"{t:8d}  {mean[0]:15.4f}  {mean[1]:+17.3f}  {mean[2]:20.4f}  {mean[3]:20.4f}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dump", type=Path, help="the run's trainer.rollout_data_dir")
     parser.add_argument("--init", default="reward-model", help="policy, reward-model or a checkpoint directory")
-    parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--mini-batches", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=CRITIC_LEARNING_RATE)
+    parser.add_argument("--epochs", type=int, default=CRITIC_EPOCHS)
+    parser.add_argument("--mini-batches", type=int, default=CRITIC_MINI_BATCHES)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lookup", action="store_true")
+    parser.add_argument("--lookup", action="store_true", help="also the lookup reference")
+    parser.add_argument("--per-position", action="store_true",
+                        help="also the critic's and the lookup's errors per response position, last fifth of steps")
     args = parser.parse_args(argv)
     if not 0 < args.lr < 1 or args.epochs < 1 or args.mini_batches < 1 or args.seed < 0:
         parser.error("--lr must be in (0, 1), --epochs and --mini-batches >= 1, --seed >= 0")
@@ -151,13 +182,18 @@ def main(argv=None) -> None:
     torch.manual_seed(args.seed)
     trunk = LlamaForCausalLM.from_pretrained(init, torch_dtype=torch.float32).model
     head = torch.nn.Linear(trunk.config.hidden_size, 1, bias=False)
-    history = replay(steps, trunk, head, args.lr, args.epochs, args.mini_batches, args.seed)
+    seen = []
+    history = replay(steps, trunk, head, args.lr, args.epochs, args.mini_batches, args.seed, seen)
     print(f"critic from {args.init}, lr {args.lr}, {args.epochs} epoch(s) x {args.mini_batches} mini-batches: "
           f"explained variance last fifth {fifth_means(history)[1]:.3f}; per step {[round(x, 2) for x in history]}")
+    lookups = lookup_predictions(steps) if args.lookup or args.per_position else []
     if args.lookup:
-        history = lookup_reference(steps)
+        history = [float("nan")] + [explained_variance(lookup, returns, mask)
+                                    for lookup, (_, returns, mask) in zip(lookups[1:], seen[1:])]  # fmt: skip
         print(f"lookup reference: last fifth {fifth_means(history[1:])[1]:.3f}; "
               f"per step {[round(x, 2) for x in history]}")
+    if args.per_position:
+        print(per_position_table(seen, lookups))
 
 
 if __name__ == "__main__":

@@ -70,9 +70,25 @@ def test_a_replay_runs_over_a_made_up_dump(tmp_path):
                           num_key_value_heads=2, train_prompts=8, test_prompts=8)  # fmt: skip
     trunk = LlamaForCausalLM.from_pretrained(ensure_counting_assets(tiny, root=tmp_path / "assets").model).model
     head = torch.nn.Linear(32, 1, bias=False)
-    history = critic_replay.replay(steps, trunk, head, lr=1e-3, epochs=1, mini_batches=2, seed=0)
-    assert len(history) == 3 and all(map(lambda x: x == x, history))
-    assert len(critic_replay.lookup_reference(steps)) == 3
+    seen = []
+    history = critic_replay.replay(steps, trunk, head, lr=1e-3, epochs=1, mini_batches=2, seed=0, seen=seen)
+    assert len(history) == 3 and all(map(lambda x: x == x, history)) and len(seen) == 3
+    lookups = critic_replay.lookup_predictions(steps)
+    assert lookups[0] is None and [lookup.shape for lookup in lookups[1:]] == [seen[1][0].shape] * 2
+    table = critic_replay.per_position_table(seen, lookups).splitlines()
+    assert len(table) == 1 + RESPONSE_LENGTH
+
+
+def test_the_lookup_predicts_the_previous_steps_mean_return_of_each_key():
+    """Keys (t, earlier tokens right, last one right), worked by hand: the three rows of step 1 share the keys of
+    t=0 and t=1 (the third row's "4" is right after "3"); from t=2 on only the two fully right rows share them."""
+    first = [{"input": "3", "output": "456789", "score": 1.0}, {"input": "7", "output": "89abcd", "score": 1.0},
+             {"input": "3", "output": "4f", "score": 1 / 6}]  # fmt: skip
+    second = [{"input": "0", "output": "123456", "score": 1.0}, {"input": "0", "output": "1", "score": 1 / 6}]
+    _, predicted = critic_replay.lookup_predictions([first, second])
+    all_three = (1 + 1 + 1 / 6) / 3
+    assert predicted[0].tolist() == pytest.approx([all_three, all_three, 1.0, 1.0, 1.0, 1.0])
+    assert predicted[1].tolist() == pytest.approx([all_three, all_three, 0, 0, 0, 0])  # "1", then EOS; no more tokens
 
 
 @pytest.mark.parametrize(
