@@ -58,15 +58,14 @@ def response_positions(rows: list[dict], last_position: torch.Tensor):
     mask = offsets[None, :] < lengths[:, None]  # [batch, R]
     positions = (last_position - lengths)[:, None] + offsets[None, :]  # [batch, R]
     returns = torch.tensor([row["score"] for row in rows])[:, None].expand(-1, RESPONSE_LENGTH)
-    return positions.clamp(min=0), mask, returns
+    return positions.clamp(min=0, max=int(last_position.max())), mask, returns  # masked-out ones: any real position
 
 
 def explained_variance(values, returns, mask) -> float:
-    def masked_var(x):
-        mean = x[mask].mean()
-        return ((x[mask] - mean) ** 2).sum() / (mask.sum() - 1)
-
-    return float(1 - masked_var(returns - values) / masked_var(returns))
+    """verl's ``critic/vf_explained_var`` (``metric_utils.compute_data_metrics``): 1 - var(returns - values) /
+    (var(returns) + 1e-5) over the tokens in ``mask``."""
+    valid_returns, valid_values = returns[mask], values[mask]
+    return float(1 - torch.var(valid_returns - valid_values) / (torch.var(valid_returns) + 1e-5))
 
 
 def replay(steps, trunk, head, lr: float, epochs: int, mini_batches: int, seed: int, seen: list | None = None):
@@ -143,9 +142,14 @@ def per_position_table(seen, lookups) -> str:
         figures = []
         for (values, returns, mask), lookup in zip(seen[-width:], lookups[-width:]):
             at = mask[:, t]
+            if at.sum() < 2:  # no variance to speak of
+                continue
             error = values[at, t] - returns[at, t]
             lookup_error = (lookup[at, t] - returns[at, t]) if lookup is not None else torch.full_like(error, float("nan"))
             figures.append([returns[at, t].var(), error.mean(), (error**2).mean(), (lookup_error**2).mean()])
+        if not figures:
+            lines.append(f"{t:8d}  fewer than two tokens at this position in every step")
+            continue
         mean = torch.tensor(figures).mean(dim=0).tolist()
         lines.append(f"{t:8d}  {mean[0]:15.4f}  {mean[1]:+17.3f}  {mean[2]:20.4f}  {mean[3]:20.4f}")
     return "\n".join(lines)
@@ -187,7 +191,9 @@ def main(argv=None) -> None:
     print(f"critic from {args.init}, lr {args.lr}, {args.epochs} epoch(s) x {args.mini_batches} mini-batches: "
           f"explained variance last fifth {fifth_means(history)[1]:.3f}; per step {[round(x, 2) for x in history]}")
     lookups = lookup_predictions(steps) if args.lookup or args.per_position else []
-    if args.lookup:
+    if args.lookup and len(steps) < 2:
+        print("lookup reference: none (it is fitted on the step before; the dump has one step)")
+    elif args.lookup:
         history = [float("nan")] + [explained_variance(lookup, returns, mask)
                                     for lookup, (_, returns, mask) in zip(lookups[1:], seen[1:])]  # fmt: skip
         print(f"lookup reference: last fifth {fifth_means(history[1:])[1]:.3f}; "

@@ -42,6 +42,7 @@ def test_values_are_read_at_the_position_before_each_response_token_as_verl_does
     tokenizer = build_tokenizer()
     input_ids, _, last_position = encode_batch(tokenizer, [(r["input"], r["output"], r["score"]) for r in rows])
     positions, mask, returns = critic_replay.response_positions(rows, last_position)
+    assert 0 <= int(positions.min()) and int(positions.max()) < input_ids.shape[1]  # gather-safe, masked ones too
     for index, row in enumerate(rows):
         response_tokens = len(row["output"]) + (len(row["output"]) < RESPONSE_LENGTH)  # a stopped response has EOS
         expected = [len(row["input"]) - 1 + t for t in range(response_tokens)]
@@ -50,6 +51,18 @@ def test_values_are_read_at_the_position_before_each_response_token_as_verl_does
         response = input_ids[index, len(row["input"]) : len(row["input"]) + response_tokens].tolist()
         eos = "</s>" if response_tokens > len(row["output"]) else ""
         assert response == tokenizer(row["output"] + eos)["input_ids"]
+
+
+def test_explained_variance_is_verls_over_the_masked_tokens():
+    """1 for values equal to the returns, ~0 for their mean, whatever sits outside the mask; verl's 1e-5 guard makes
+    values that vary around constant returns a large negative number rather than a division by zero."""
+    returns = torch.tensor([[0.5, 0.5, 9.0], [1.0, 1.0, 1.0], [0.0, 0.0, -9.0]])
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
+    assert critic_replay.explained_variance(returns.clone(), returns, mask) == pytest.approx(1.0)
+    mean = returns[mask].mean()
+    assert critic_replay.explained_variance(torch.full_like(returns, mean), returns, mask) == pytest.approx(0, abs=1e-3)
+    constant, varying = torch.ones(2, 3), torch.tensor([[0.9, 1.0, 1.1], [1.1, 1.0, 0.9]])
+    assert critic_replay.explained_variance(varying, constant, torch.ones(2, 3, dtype=torch.bool)) < -100
 
 
 def test_a_replay_runs_over_a_made_up_dump(tmp_path):
