@@ -35,6 +35,7 @@ def test_the_default_configuration_is_the_gpu_recipe_with_the_cpu_overlay(tmp_pa
     assert config.actor_rollout_ref.ref.megatron.context_parallel_size == 2
     assert config.actor_rollout_ref.model.external_lib == "verl_cppack.verl_plugin"
     assert config.actor_rollout_ref.rollout.name == "hf" and config.trainer.device == "cpu"
+    assert config.actor_rollout_ref.rollout.full_determinism  # rows named, routed and seeded by name: runs repeat
     assert config.actor_rollout_ref.actor.megatron.dtype == "float32"
     assert config.actor_rollout_ref.actor.kl_loss_coef == 0.5
     assert config.trainer.use_v1 is True  # verl 0.9.1's default trainer

@@ -38,17 +38,14 @@ def read_outputs(tmp_path):
     return summary, records
 
 
-@pytest.mark.parametrize("trainer", ["v1", "v0"])
-def test_two_grpo_steps_through_verls_trainer_use_the_dropins_and_match_the_hf_rollout(tmp_path, trainer):
-    """Both of verl 0.9.1's trainers run two steps at CP=2 with verl_cppack active: the summary has every field,
-    each step's metrics are verl's own, the Megatron actor's packed, zigzag-sliced CP=2 log-probs equal the Hugging
-    Face rollout's within 1e-4 at every step, and the actor/reference workers called the drop-ins."""
-    result = run_grpo(tmp_path, "--trainer", trainer)
+def check_a_two_step_run(result, tmp_path, trainer: str):
+    """The summary has every field, each step's metrics are verl's own, the Megatron actor's packed, zigzag-sliced
+    CP=2 log-probs equal the Hugging Face rollout's within 1e-4 at every step, and the workers called the drop-ins."""
     assert result.returncode == 0, result.stdout + result.stderr
     summary, records = read_outputs(tmp_path)
     assert SUMMARY_FIELDS <= set(summary)
     assert summary["trainer"] == "verl.trainer.main_ppo" and summary["cp"] == 2 and summary["steps"] == 2
-    assert summary["dropin_calls"] > 0
+    assert summary["trainer_version"] == trainer and summary["dropin_calls"] > 0
     assert [record["step"] for record in records] == [1, 2]
     for record in records:
         assert VERL_METRICS <= set(record) and record["cp"] == 2
@@ -56,6 +53,26 @@ def test_two_grpo_steps_through_verls_trainer_use_the_dropins_and_match_the_hf_r
         assert 0 <= record["training/rollout_probs_diff_max"] <= 1e-4
     assert summary["rollout_probs_diff_max"] == max(r["training/rollout_probs_diff_max"] for r in records)
     assert "step 2/2" in result.stdout
+    return records
+
+
+def test_two_grpo_steps_through_verls_v1_trainer_use_the_dropins_and_match_the_hf_rollout(tmp_path):
+    check_a_two_step_run(run_grpo(tmp_path, "--trainer", "v1"), tmp_path, "v1")
+
+
+def test_two_runs_of_one_seed_through_verls_v0_trainer_repeat_exactly(tmp_path):
+    """The v0 trainer (RayPPOTrainer) keeps the dataloader's order, and the CPU overlay's rollout.full_determinism has
+    verl name each request after its row, route it by name and the HF rollout seed it by name: a second run logs
+    the same rollouts and every metric but timings to the last bit. (The v1 trainer's replay buffer hands the
+    batch over in completion order, so its training does not repeat; README, Results.)"""
+    first, second = tmp_path / "first", tmp_path / "second"
+    records = [check_a_two_step_run(run_grpo(path, "--trainer", "v0", f"trainer.rollout_data_dir={path / 'dump'}"),
+                                    path, "v0") for path in (first, second)]  # fmt: skip
+    untimed = [[{key: value for key, value in record.items() if "timing" not in key and "perf/" not in key}
+                for record in run] for run in records]  # fmt: skip
+    assert untimed[0] == untimed[1]
+    for step in (1, 2):
+        assert (first / "dump" / f"{step}.jsonl").read_text() == (second / "dump" / f"{step}.jsonl").read_text()
 
 
 def test_with_the_dropins_disabled_verl_runs_its_own_functions(tmp_path):

@@ -102,6 +102,8 @@ def cpu_overlay(run: CpuRun) -> list[str]:
         f"actor_rollout_ref.rollout.n={run.group_size}",
         "actor_rollout_ref.rollout.temperature=1.0",
         f"actor_rollout_ref.rollout.seed={run.seed}",
+        # requests named after their rows and routed by name; the HF rollout seeds each row by its name (rollout.py)
+        "actor_rollout_ref.rollout.full_determinism=True",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * run.group_size // 2}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch * run.group_size // 2}",

@@ -123,16 +123,22 @@ class SampledResponse:
     stop_reason: str  # 'completed' (end-of-sequence token or max_tokens) or 'aborted'
 
 
-def request_seed(base_seed: int, replica_rank: int, prompt_ids: Sequence[int], occurrence: int) -> int:
-    """The seed of one request's sampling generator: a hash of (base seed, replica rank, prompt, occurrence).
+def request_seed(
+    base_seed: int, replica_rank: int, prompt_ids: Sequence[int], occurrence: int, request_name: str = ""
+) -> int:
+    """The seed of one request's sampling generator: a hash of (base seed, replica rank, prompt, occurrence, name).
 
-    ``occurrence`` counts earlier requests for the same prompt on the same server, so the ``n`` samples of one
-    prompt (GRPO groups) differ while a rerun draws the same ``n`` samples. verl's request ids are fresh uuids
-    and requests arrive in an order that depends on timing, so neither an id nor a global counter repeats.
+    ``occurrence`` counts earlier requests for the same prompt (and name) on the same server, so the ``n`` samples of
+    one prompt (GRPO groups) differ while a rerun draws the same ``n`` samples. verl's request ids are fresh uuids
+    and requests arrive in an order that depends on timing, so by default neither an id nor a global counter
+    repeats and ``request_name`` is empty. Under ``rollout.full_determinism`` verl names each request after its row
+    (``det-<row>``) and routes it to a replica by that name; the name then enters the seed, so each row draws the
+    same sample in every run whatever the arrival order.
     """
     digest = hashlib.blake2b(digest_size=8)
     digest.update(array("q", [int(base_seed), int(replica_rank), int(occurrence)]).tobytes())
     digest.update(array("q", [int(token) for token in prompt_ids]).tobytes())
+    digest.update(request_name.encode())
     return int.from_bytes(digest.digest(), "little") & (2**63 - 1)
 
 
@@ -324,7 +330,9 @@ class HFRolloutServer:
     given, else ``rollout.seed``, and ``occurrence`` how many requests for the same prompt this server has taken
     before. The samples of a prompt therefore repeat across runs whatever the request ids and arrival order; only
     which of ``n`` identical requests receives which of the ``n`` samples follows arrival order. With more than
-    one replica, which replica serves a prompt follows verl's load balancer.
+    one replica, which replica serves a prompt follows verl's load balancer (least loaded: timing). Under
+    ``rollout.full_determinism`` verl names requests after their rows and routes them by name, and the name enters
+    the seed (``request_seed``): every row's sample repeats.
     """
 
     def __init__(
@@ -424,13 +432,14 @@ class HFRolloutServer:
         prompt = _token_list(prompt_ids)
         settings, return_log_probs = self.sampling_settings(len(prompt), sampling_params)
         # Counted before any await: one event loop, so the occurrence numbers of concurrent requests are distinct.
-        key = _prompt_key(prompt)
+        request_name = str(request_id) if self.config.full_determinism else ""
+        key = _prompt_key(prompt) + request_name.encode()
         occurrence = self._occurrences.get(key, 0)
         self._occurrences[key] = occurrence + 1
         request_given_seed = sampling_params.get("seed")
         base_seed = int(self.config.seed if request_given_seed is None else request_given_seed)
         generator = torch.Generator(device="cpu")
-        generator.manual_seed(request_seed(base_seed, self.replica_rank, prompt, occurrence))
+        generator.manual_seed(request_seed(base_seed, self.replica_rank, prompt, occurrence, request_name))
 
         while not self._gate_open.is_set():
             if self._rejecting:
