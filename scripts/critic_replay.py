@@ -8,10 +8,11 @@ decay 0.01 and gradient clipping at 1.0, ``--epochs`` passes of ``--mini-batches
 the score at every response position (verl's GAE with gamma = lambda = 1). The explained variance of a step is
 computed, as verl's ``critic/vf_explained_var`` is, from the values before that step's update. The actor is not
 replayed: the rollouts are the dumped run's. ``--lookup`` also prints what a lookup table reaches that knows how
-many earlier tokens were right and whether the last one was, fitted on the previous step's rollouts.
+many earlier tokens were right and whether the last one was, fitted on the previous step's rollouts;
+``--per-position`` where along the response the critic and the lookup err (README, Results: "What is left").
 
 usage: python scripts/critic_replay.py DUMP [--init policy|reward-model|DIR] [--lr LR] [--epochs N]
-       [--mini-batches N] [--seed 0] [--lookup]      (defaults: the PPO job's critic settings)
+       [--mini-batches N] [--seed 0] [--lookup] [--per-position]      (defaults: the PPO job's critic settings)
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ def per_position_table(seen, lookups) -> str:
             if at.sum() < 2:  # no variance to speak of
                 continue
             error = values[at, t] - returns[at, t]
-            lookup_error = (lookup[at, t] - returns[at, t]) if lookup is not None else torch.full_like(error, float("nan"))
+            no_lookup = torch.full_like(error, float("nan"))  # the first step has none
+            lookup_error = no_lookup if lookup is None else lookup[at, t] - returns[at, t]
             figures.append([returns[at, t].var(), error.mean(), (error**2).mean(), (lookup_error**2).mean()])
         if not figures:
             lines.append(f"{t:8d}  fewer than two tokens at this position in every step")
