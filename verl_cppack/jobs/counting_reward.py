@@ -20,7 +20,7 @@ def correct_positions(last_prompt_symbol: str, response: str) -> list[bool]:
     """For each of the first ``RESPONSE_LENGTH`` response symbols: is it its predecessor's successor."""
     previous, flags = last_prompt_symbol, []
     for symbol in response[:RESPONSE_LENGTH]:
-        flags.append(symbol in SYMBOLS and successor(previous) == symbol)
+        flags.append(successor(previous) == symbol)  # successor is None outside the alphabet
         previous = symbol
     return flags
 
