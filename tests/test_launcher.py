@@ -41,7 +41,7 @@ STAND_IN = textwrap.dedent(
 
 class StandInRun(TrainerRun):
     def __init__(self, output_dir: Path, behaviour: str) -> None:
-        super().__init__(overrides=[], output_dir=output_dir, cp=2)
+        super().__init__(overrides=[], output_dir=output_dir)
         self.script = output_dir / "stand_in.py"
         self.ended = output_dir / "ended"
         self.behaviour = behaviour

@@ -17,12 +17,19 @@ EXIT_BAD_INPUT, EXIT_TRAINER_FAILED, EXIT_INTERRUPTED = 2, 3, 130
 
 def add_job_arguments(parser: argparse.ArgumentParser, kind: JobKind, defaults: JobSettings) -> None:
     parser.add_argument("--cp", type=int, default=defaults.cp,
-                        help=f"context-parallel size of every Megatron model = Ray workers (default {defaults.cp})")
+                        help=f"context-parallel size of every Megatron model (default {defaults.cp})")
+    parser.add_argument("--tp", type=int, default=defaults.tp,
+                        help=f"tensor-parallel size of every Megatron model (default {defaults.tp})")
+    parser.add_argument("--dp", type=int, default=defaults.dp,
+                        help=f"data-parallel size (default {defaults.dp}); Ray worker slots = tp x cp x dp")
+    parser.add_argument("--nnodes", type=int, default=defaults.nnodes,
+                        help=f"Ray nodes the workers are spread over, the same number on each (default {defaults.nnodes})")
     parser.add_argument("--steps", type=int, default=defaults.steps, help=f"training steps (default {defaults.steps})")
     parser.add_argument("--output", default=f"runs/{kind.name}",
                         help=f"output directory (default runs/{kind.name}); a non-empty one gets a fresh run-* subdirectory")
     parser.add_argument("--address", default=None,
-                        help="join this Ray cluster (HOST:PORT; default: RAY_ADDRESS if set) instead of starting a local one")
+                        help="join the running Ray cluster at HOST:PORT or 'auto' (default: RAY_ADDRESS if set) instead of "
+                             "starting a local one; it must offer tp x cp x dp worker slots (Ray GPUs)")
     parser.add_argument("--trainer", default=defaults.trainer, choices=sorted(TRAINERS),
                         help="verl's trainer: v1 (TransferQueue, verl 0.9.1's default) or v0 (RayPPOTrainer)")
     parser.add_argument("--seed", type=int, default=defaults.seed,
@@ -40,7 +47,7 @@ def add_job_arguments(parser: argparse.ArgumentParser, kind: JobKind, defaults: 
 
 def settings_from_args(args: argparse.Namespace) -> JobSettings:
     return JobSettings(
-        cp=args.cp, steps=args.steps, output=args.output, address=args.address or os.environ.get("RAY_ADDRESS") or None,
+        cp=args.cp, tp=args.tp, dp=args.dp, nnodes=args.nnodes, steps=args.steps, output=args.output, address=args.address or os.environ.get("RAY_ADDRESS") or None,
         trainer=args.trainer, seed=args.seed, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
         learning_rate=args.lr, overrides=tuple(args.overrides), verbose=args.verbose,
     )  # fmt: skip
@@ -49,7 +56,8 @@ def settings_from_args(args: argparse.Namespace) -> JobSettings:
 def print_summary(summary: dict) -> None:
     print(
         f"{summary['job']} ({summary['trainer']}, trainer {summary['trainer_version']}, verl {summary['verl_version']}): "
-        f"{summary['steps']} steps at CP={summary['cp']} in {summary['wall_s']} s; mean reward first fifth "
+        f"{summary['steps']} steps at TP={summary['tp']} CP={summary['cp']} DP={summary['dp']} on {summary['nodes']} "
+        f"node(s) in {summary['wall_s']} s; mean reward first fifth "
         f"{summary['reward_first_fifth']:.3f} -> last fifth {summary['reward_last_fifth']:.3f}; "
         f"rollout_probs_diff_max {summary['rollout_probs_diff_max']:.2e}; drop-in calls {summary['dropin_calls']}"
     )
@@ -63,6 +71,7 @@ def print_summary(summary: dict) -> None:
 
 def run_job_command(kind: JobKind, args: argparse.Namespace) -> int:
     from verl_cppack.jobs.launcher import TrainerFailed
+    from verl_cppack.jobs.ray_cluster import ClusterTooSmall, ClusterUnavailable
     from verl_cppack.jobs.verl_job import prepare_job, progress_line, run_job
 
     try:
@@ -70,11 +79,16 @@ def run_job_command(kind: JobKind, args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"{kind.name}: verl.trainer.main_ppo at CP={args.cp}, {args.steps} steps -> {prepared.output_dir} "
-          f"(Ray start-up and worker init take one to two minutes; trainer output in trainer.log)", flush=True)  # fmt: skip
+    where = f"the Ray cluster at {prepared.settings.address}" if prepared.settings.address else "a local Ray cluster"
+    print(f"{kind.name}: verl.trainer.main_ppo at {prepared.settings.shape.describe()} on {where}, {args.steps} steps "
+          f"-> {prepared.output_dir} (Ray start-up and worker init take one to two minutes; trainer output in "
+          "trainer.log)", flush=True)  # fmt: skip
     try:
         summary = run_job(prepared, on_step=lambda record: print(progress_line(record, args.steps), flush=True))
-    except TrainerFailed as error:
+    except ClusterTooSmall as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (TrainerFailed, ClusterUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_TRAINER_FAILED
     except KeyboardInterrupt:

@@ -7,7 +7,9 @@ Nothing can be downloaded on the machines this runs on, so every asset is create
 - a tiny ``LlamaForCausalLM`` with random weights (seeded), saved with ``save_pretrained`` in float32;
 - ``train.parquet`` / ``test.parquet`` in verl's RL dataset format (``prompt`` as chat messages,
   ``reward_model.ground_truth``);
-- the reward, verl's ``custom_reward_function``, in ``counting_reward.py`` (verl loads it by path).
+- the reward, verl's ``custom_reward_function``: a copy of ``counting_reward.py`` (verl loads it by path).
+
+Everything lives in one directory, which the jobs ship to every Ray worker as its working directory.
 
 The task: a prompt is a run of 2..6 symbols; the ideal response continues counting from the prompt's last
 symbol, modulo the alphabet (``"3a"`` -> ``"bcdef0"``). The reward is the fraction of the ``RESPONSE_LENGTH``
@@ -46,7 +48,7 @@ class CountingAssets:
     train_prompts: int = 2048
     test_prompts: int = 64
     seed: int = 0
-    version: int = 1  # bump when what is made changes
+    version: int = 2  # bump when what is made changes (2: the reward file is part of the task directory)
 
     def key(self) -> str:
         return dataclass_key(self)
@@ -80,8 +82,12 @@ class CountingPaths:
 
     @property
     def reward(self) -> Path:
-        """The file verl's ``reward.custom_reward_function.path`` points at."""
-        return Path(counting_reward.__file__).resolve()
+        """The file verl's ``reward.custom_reward_function.path`` points at (a copy of ``counting_reward.py``)."""
+        return self.root / "counting_reward.py"
+
+    def relative(self, path: Path) -> str:
+        """``path`` relative to the task directory: what a Ray worker whose working directory it is opens."""
+        return str(path.relative_to(self.root))
 
 
 def ensure_counting_assets(assets: CountingAssets = CountingAssets(), root: Path | None = None) -> CountingPaths:
@@ -100,6 +106,7 @@ def ensure_counting_assets(assets: CountingAssets = CountingAssets(), root: Path
     save_tiny_llama(made.model, assets)
     write_dataset(made.train, assets.train_prompts, seed=assets.seed)
     write_dataset(made.test, assets.test_prompts, seed=assets.seed + 1)
+    made.reward.write_text(Path(counting_reward.__file__).read_text())  # standard library only: it runs anywhere
     (staging / "assets.json").write_text(json.dumps(asdict(assets), indent=2, sort_keys=True))
     (staging / "complete").write_text("")
     try:

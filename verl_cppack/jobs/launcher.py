@@ -1,12 +1,12 @@
 """Run ``verl.trainer.main_ppo`` as a child process with verl_cppack on, follow its metrics, write the results.
 
 The child is verl's own trainer, unchanged: ``python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer
-<overrides>``, with ``VERL_PLATFORM=cpu`` and ``VERL_USE_EXTERNAL_MODULES=verl_cppack.verl_plugin`` in its
-environment and in every Ray worker's (``ray_kwargs.ray_init.runtime_env.env_vars``). verl's ``file`` logger
-writes one JSON line per step (``VERL_FILE_LOGGER_PATH``); the launcher follows that file, prints a progress
-line per step and appends the step's metrics, under verl's names, to ``DIR/metrics.jsonl``. The drop-ins
-count their calls in the workers (``VERL_CPPACK_CALL_COUNT_DIR``). The trainer's own output goes to
-``DIR/trainer.log``.
+<overrides>``, joined to the job's Ray cluster (``ray_kwargs.ray_init.address``) with the environment, code and
+files of ``worker_env`` in its own environment and in every Ray worker's (``ray_kwargs.ray_init.runtime_env``).
+verl's ``file`` logger writes one JSON line per step (``VERL_FILE_LOGGER_PATH``); the launcher follows that file,
+prints a progress line per step and appends the step's metrics, under verl's names, to ``DIR/metrics.jsonl``.
+While it waits it asks ``watch`` whether the run can go on (a dead node, a placement group that cannot be
+placed: ``ray_cluster.ClusterSession.watch``). The trainer's own output goes to ``DIR/trainer.log``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,14 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_cppack.integrations.verl.call_counts import COUNT_DIR_ENV, read_call_counts
+from verl_cppack.integrations.verl.call_counts import sum_calls
 from verl_cppack.jobs.output import MetricsWriter, fifth_means, read_metrics
-from verl_cppack.jobs.trainer_config import CONFIG_NAME, PLUGIN
+from verl_cppack.jobs.parallel_shape import ParallelShape
+from verl_cppack.jobs.trainer_config import CONFIG_NAME
+from verl_cppack.jobs.worker_env import runtime_environment, worker_environment
 
 EXIT_TRAINER_FAILED = 3
 EXIT_INTERRUPTED = 130
 SHUTDOWN_GRACE_S = 30.0
-ADDRESS_PROBE_TIMEOUT_S = 10.0
+WATCH_INTERVAL_S = 2.0
 
 
 class TrainerFailed(RuntimeError):
@@ -43,8 +44,9 @@ class TrainerFailed(RuntimeError):
 class TrainerRun:
     overrides: list[str]
     output_dir: Path
-    cp: int
-    address: str | None = None
+    shape: ParallelShape = field(default_factory=ParallelShape)
+    address: str | None = None  # the GCS address of the job's cluster (None: verl starts its own)
+    task_dir: Path | None = None  # shipped to every worker as its working directory
     verbose: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -57,26 +59,30 @@ class TrainerRun:
         return self.output_dir / "dropin_calls"
 
     @property
+    def call_count_key(self) -> str:
+        """This run's key in the cluster's key-value store (the output directory is fresh, so it is unique)."""
+        return f"calls/{self.output_dir.resolve()}"
+
+    @property
     def log_path(self) -> Path:
         return self.output_dir / "trainer.log"
 
     def environment(self) -> dict[str, str]:
-        return {
-            "VERL_PLATFORM": "cpu",
-            "VERL_USE_EXTERNAL_MODULES": PLUGIN,
-            "VERL_FILE_LOGGER_PATH": str(self.verl_metrics_path.resolve()),
-            COUNT_DIR_ENV: str(self.call_count_dir.resolve()),
-            "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-            "TOKENIZERS_PARALLELISM": "false",
-            **self.extra_env,
-        }
+        base = worker_environment(self.verl_metrics_path, self.call_count_key, self.call_count_dir, self.shape.nnodes)
+        return {**base, **self.extra_env}
 
     def command(self) -> list[str]:
-        worker_env = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_string(v)}" for k, v in self.environment().items()]
-        address = [f"++ray_kwargs.ray_init.address={self.address}"] if self.address else []
+        runtime_env = runtime_environment(self.environment(), self.task_dir)
+        ray_init = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_string(v)}"
+                    for k, v in runtime_env.pop("env_vars").items()]  # fmt: skip
+        ray_init.append("++ray_kwargs.ray_init.runtime_env.py_modules=["
+                        + ",".join(hydra_string(m) for m in runtime_env.pop("py_modules")) + "]")  # fmt: skip
+        ray_init += [f"++ray_kwargs.ray_init.runtime_env.{k}={hydra_string(v)}" for k, v in runtime_env.items()]
+        if self.address:
+            ray_init.append(f"++ray_kwargs.ray_init.address={hydra_string(self.address)}")
         hydra_dir = f"hydra.run.dir={hydra_string(str((self.output_dir / 'hydra').resolve()))}"  # not ./outputs
         return [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-name={CONFIG_NAME}",
-                *self.overrides, *worker_env, *address, hydra_dir]  # fmt: skip
+                *self.overrides, *ray_init, hydra_dir]  # fmt: skip
 
 
 def hydra_string(value: str) -> str:
@@ -84,38 +90,15 @@ def hydra_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def ray_host_port(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a Ray head address, ``None`` for 'auto' or a ``ray://`` client address;
-    ``ValueError`` for anything else."""
-    if address == "auto" or address.startswith("ray://"):
-        return None
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--address must be HOST:PORT of a Ray head node (or 'auto'), got {address!r}")
-    return host, int(port)
-
-
-def check_ray_address(address: str) -> None:
-    """Refuse an address where no Ray cluster answers, in bounded time (Ray itself retries for minutes)."""
-    host_port = ray_host_port(address)
-    if host_port is None:
-        return
-    try:
-        with socket.create_connection(host_port, timeout=ADDRESS_PROBE_TIMEOUT_S):
-            pass
-    except OSError as error:
-        raise TrainerFailed(f"no Ray cluster answers at {address} ({error}); start one with `ray start --head`") from error
-
-
-def run_trainer(run: TrainerRun, on_step: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+def run_trainer(
+    run: TrainerRun, on_step: Callable[[dict[str, Any]], None], watch: Callable[[], str | None] = lambda: None
+) -> list[dict[str, Any]]:
     """Run verl's trainer to the end; ``on_step(record)`` for every step as it lands. Returns the records.
 
-    Raises ``TrainerFailed`` when the trainer exits non-zero. Whatever else ends the wait (``KeyboardInterrupt``,
-    an exception from ``on_step``, a closed stdout) propagates after the trainer and the Ray cluster it started
-    have been stopped.
+    Raises ``TrainerFailed`` when the trainer exits non-zero, or when ``watch()`` (asked every few seconds) says
+    why the run cannot go on — the trainer is stopped first. Whatever else ends the wait (``KeyboardInterrupt``, an
+    exception from ``on_step``, a closed stdout) propagates after the trainer has been stopped.
     """
-    if run.address:
-        check_ray_address(run.address)
     run.output_dir.mkdir(parents=True, exist_ok=True)
     writer = MetricsWriter(run.output_dir / "metrics.jsonl")
     records: list[dict[str, Any]] = []
@@ -126,24 +109,32 @@ def run_trainer(run: TrainerRun, on_step: Callable[[dict[str, Any]], None]) -> l
         )  # fmt: skip
         follower = _LineFollower(run.verl_metrics_path)
         trainer_output = _LineFollower(run.log_path) if run.verbose else None
+        problem, next_watch = None, time.monotonic() + WATCH_INTERVAL_S
         try:
             while True:
                 finished = child.poll() is not None
                 for line in trainer_output.new_lines() if trainer_output else ():
                     print(line, file=sys.stderr, flush=True)
                 for line in follower.new_lines():
-                    record = step_record(json.loads(line), run.cp)
+                    record = step_record(json.loads(line), run.shape)
                     writer.write(record)
                     records.append(record)
                     on_step(record)
                 if finished:
                     break
+                if time.monotonic() >= next_watch:
+                    problem, next_watch = watch(), time.monotonic() + WATCH_INTERVAL_S
+                    if problem is not None:
+                        stop_process_group(child)
+                        break
                 time.sleep(0.5)
         except BaseException:  # Ctrl-C, and anything else that ends the launcher (a closed stdout, a bad line)
             stop_process_group(child)  # the trainer runs in its own session: nothing else would stop it
             raise
         finally:
             writer.close()
+    if problem is not None:
+        raise TrainerFailed(f"{problem}; verl's trainer was stopped (its output: {run.log_path})")
     if child.returncode != 0:
         raise TrainerFailed(f"verl's trainer exited with status {child.returncode}; its output: {run.log_path}\n"
                             + last_error_lines(run.log_path))  # fmt: skip
@@ -218,9 +209,9 @@ def last_error_lines(log_path: Path, count: int = 15) -> str:
     return "\n".join(lines[-count:])
 
 
-def step_record(logged: dict[str, Any], cp: int) -> dict[str, Any]:
+def step_record(logged: dict[str, Any], shape: ParallelShape) -> dict[str, Any]:
     """One line of verl's file logger (``{"step", "data"}``) as a metrics.jsonl record: verl's metrics under
-    verl's names, plus ``step``, ``reward_mean`` (verl's ``critic/score/mean``) and ``cp``. Values that are not
+    verl's names, plus ``step``, ``reward_mean`` (verl's ``critic/score/mean``), ``tp``, ``cp``, ``dp``. Values that are not
     finite numbers are kept out (``MetricsWriter`` refuses them) and listed under ``non_finite``."""
     data = logged["data"]
     record: dict[str, Any] = {}
@@ -232,31 +223,41 @@ def step_record(logged: dict[str, Any], cp: int) -> dict[str, Any]:
             non_finite.append(name)
             continue
         record[name] = value
-    record.update(step=int(logged["step"]), reward_mean=float(data["critic/score/mean"]), cp=cp)
+    record.update(step=int(logged["step"]), reward_mean=float(data["critic/score/mean"]),
+                  tp=shape.tp, cp=shape.cp, dp=shape.dp)  # fmt: skip
     if non_finite:
         record["non_finite"] = sorted(non_finite)
     return record
 
 
-def summarize(records: Sequence[dict[str, Any]], run: TrainerRun, wall_s: float, verl_version: str) -> dict[str, Any]:
+def summarize(
+    records: Sequence[dict[str, Any]], call_records: Sequence[dict[str, Any]], run: TrainerRun, wall_s: float,
+    verl_version: str,
+) -> dict[str, Any]:
+    """The run's summary: verl's metrics over the steps, the shape, and the drop-in calls the workers recorded
+    (``call_records``, one per process: which Ray node it ran on and the interface gloo bound to)."""
     if not records:
         raise TrainerFailed(f"verl's trainer finished without logging a step; its output: {run.log_path}")
     rewards = [record["reward_mean"] for record in records]
     first, last = fifth_means(rewards)
-    counts = read_call_counts(run.call_count_dir) if run.call_count_dir.exists() else {}
-    roles = read_call_counts(run.call_count_dir, "roles") if run.call_count_dir.exists() else {}
+    calling = [record for record in call_records if sum(record.get("counts", {}).values())]
     return {
         "trainer": "verl.trainer.main_ppo",
         "verl_version": verl_version,
-        "cp": run.cp,
+        "tp": run.shape.tp,
+        "cp": run.shape.cp,
+        "dp": run.shape.dp,
+        "world_size": run.shape.workers,
+        "nodes": len({record["node"] for record in calling}),  # distinct Ray nodes whose workers called the drop-ins
+        "gloo_interfaces": sorted({str(record.get("gloo_interface")) for record in calling}),
         "steps": len(records),
         "reward_first_fifth": first,
         "reward_last_fifth": last,
         "reward_gain": last - first,
         "rollout_probs_diff_max": max(r.get("training/rollout_probs_diff_max", float("nan")) for r in records),
-        "dropin_calls": sum(counts.values()),
-        "dropin_calls_by_name": counts,
-        "dropin_calls_by_role": roles,  # policy (actor and reference) / critic
+        "dropin_calls": sum(sum_calls(call_records).values()),
+        "dropin_calls_by_name": sum_calls(call_records),
+        "dropin_calls_by_role": sum_calls(call_records, "roles"),  # policy (actor and reference) / critic
         "wall_s": round(wall_s, 1),
         "output_dir": str(run.output_dir),
     }

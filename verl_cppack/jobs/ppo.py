@@ -36,17 +36,16 @@ ENTROPY_COEFFICIENT = 0.01
 
 
 def ppo_overlay(run: CpuRun) -> list[str]:
-    """What PPO adds to the CPU overlay: the critic (Megatron at CP=``run.cp``, from the reward model), the bonus."""
-    batch = run.prompts_per_step * run.group_size
+    """What PPO adds to the CPU overlay: the critic (Megatron at ``run.shape``, from the reward model), the bonus."""
     return [
         f"actor_rollout_ref.actor.entropy_coeff={ENTROPY_COEFFICIENT}",
         *megatron_overlay("critic.megatron", run),
-        f"critic.model.path={reward_model_dir(run.assets)}",
+        f"critic.model.path={run.assets.relative(reward_model_dir(run.assets))}",
         f"critic.model.external_lib={PLUGIN}",
         f"critic.optim.lr={CRITIC_LEARNING_RATE}",
         f"critic.ppo_epochs={CRITIC_EPOCHS}",
         f"critic.ppo_mini_batch_size={run.prompts_per_step // run.mini_batches}",
-        f"critic.ppo_micro_batch_size_per_gpu={batch // run.mini_batches}",
+        f"critic.ppo_micro_batch_size_per_gpu={run.responses_per_mini_batch // run.shape.dp}",
         f"trainer.critic_warmup={CRITIC_WARMUP}",
     ]
 
@@ -54,7 +53,7 @@ def ppo_overlay(run: CpuRun) -> list[str]:
 def make_reward_model(run: CpuRun, config: Any) -> None:
     """Train the critic's reward model when the config still points the critic at it (once; it is cached)."""
     directory = reward_model_dir(run.assets)
-    if str(config.critic.model.path) == str(directory) and not (directory / "training.json").is_file():
+    if str(config.critic.model.path) == run.assets.relative(directory) and not (directory / "training.json").is_file():
         print("ppo: training the critic's starting checkpoint, the counting task's reward model "
               "(once, about half a minute)", file=sys.stderr, flush=True)  # fmt: skip
         ensure_counting_reward_model(run.assets)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_cppack.jobs.counting_task import RESPONSE_LENGTH, CountingPaths
+from verl_cppack.jobs.parallel_shape import ParallelShape
 
 CONFIG_NAME = "ppo_megatron_trainer"
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -31,6 +32,7 @@ HOST_TRANSFORMER_CONFIG = {
     "gradient_accumulation_fusion": False,
     "persist_layer_norm": False,
     "attention_backend": "auto",
+    "sequence_parallel": False,  # Megatron's local (torch) norms refuse it; TP still splits every layer
 }
 
 
@@ -39,7 +41,7 @@ class CpuRun:
     """What the CPU overlay needs to know about one run."""
 
     assets: CountingPaths
-    cp: int = 2
+    shape: ParallelShape = ParallelShape()
     steps: int = 30
     prompts_per_step: int = 16
     group_size: int = 8
@@ -47,6 +49,11 @@ class CpuRun:
     learning_rate: float = 3e-3
     mini_batches: int = 4  # optimizer steps per training step (verl's ppo_mini_batch_size = prompts / this)
     output_dir: Path = Path("runs/grpo")
+
+    @property
+    def responses_per_mini_batch(self) -> int:
+        """Responses in one optimizer step across all data-parallel ranks (verl's ppo_mini_batch_size x n)."""
+        return self.prompts_per_step * self.group_size // self.mini_batches
 
 
 def recipe_overrides(script: str) -> list[str]:
@@ -62,12 +69,26 @@ def recipe_overrides(script: str) -> list[str]:
     return result.stdout.splitlines()
 
 
+def check_batch_sizes(run: CpuRun) -> None:
+    """``ValueError`` unless verl can split the batch: prompts into mini-batches, each mini-batch over DP ranks."""
+    dp = run.shape.dp
+    if run.prompts_per_step % run.mini_batches:
+        raise ValueError(f"prompts_per_step ({run.prompts_per_step}) must be a multiple of {run.mini_batches} "
+                         "(verl makes that many optimizer steps per training step)")  # fmt: skip
+    if run.responses_per_mini_batch % dp or (run.prompts_per_step * run.group_size // 2) % dp:
+        raise ValueError(
+            f"dp={dp} must divide the {run.responses_per_mini_batch} responses of a mini-batch and half of the "
+            f"{run.prompts_per_step * run.group_size} of a step; change --dp, --prompts-per-step or --group-size"
+        )
+
+
 def megatron_overlay(prefix: str, run: CpuRun) -> list[str]:
-    """A Megatron engine config (``prefix`` = e.g. ``actor_rollout_ref.actor.megatron``) on the host at CP=``run.cp``."""
+    """A Megatron engine config (``prefix`` = e.g. ``actor_rollout_ref.actor.megatron``) on the host at
+    ``run.shape``'s TP and CP (DP is what the world size leaves)."""
     return [
-        f"{prefix}.tensor_model_parallel_size=1",
+        f"{prefix}.tensor_model_parallel_size={run.shape.tp}",
         f"{prefix}.pipeline_model_parallel_size=1",
-        f"{prefix}.context_parallel_size={run.cp}",
+        f"{prefix}.context_parallel_size={run.shape.cp}",
         f"{prefix}.vanilla_mbridge=True",
         f"{prefix}.dtype=float32",
         f"{prefix}.use_distributed_optimizer=False",
@@ -77,24 +98,28 @@ def megatron_overlay(prefix: str, run: CpuRun) -> list[str]:
 
 
 def cpu_overlay(run: CpuRun) -> list[str]:
-    """The overrides that make the GPU recipe a CPU run of the counting task at CP=``run.cp``."""
+    """The overrides that make the GPU recipe a CPU run of the counting task at ``run.shape``.
+
+    The task's files are named relative to its directory, which Ray ships to every worker as its working
+    directory (``launcher.TrainerRun``): no node needs the driver's file system."""
+    check_batch_sizes(run)
     megatron = [*megatron_overlay("actor_rollout_ref.actor.megatron", run),
                 *megatron_overlay("actor_rollout_ref.ref.megatron", run)]  # fmt: skip
-    batch = run.prompts_per_step
+    batch, dp, task = run.prompts_per_step, run.shape.dp, run.assets
     return [
-        f"data.train_files={run.assets.train}",
-        f"data.val_files={run.assets.test}",
+        f"data.train_files={task.relative(task.train)}",
+        f"data.val_files={task.relative(task.test)}",
         f"data.train_batch_size={batch}",
         "data.max_prompt_length=8",
         f"data.max_response_length={RESPONSE_LENGTH}",
         "data.filter_overlong_prompts=False",
         f"data.seed={run.seed}",
         "data.dataloader_num_workers=0",
-        f"actor_rollout_ref.model.path={run.assets.model}",
+        f"actor_rollout_ref.model.path={task.relative(task.model)}",
         f"actor_rollout_ref.model.external_lib={PLUGIN}",
         f"actor_rollout_ref.actor.optim.lr={run.learning_rate}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={batch // run.mini_batches}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={batch * run.group_size // run.mini_batches}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={run.responses_per_mini_batch // dp}",
         "actor_rollout_ref.actor.kl_loss_coef=0.001",
         *megatron,
         "actor_rollout_ref.rollout.name=hf",
@@ -105,16 +130,16 @@ def cpu_overlay(run: CpuRun) -> list[str]:
         # requests named after their rows and routed by name; the HF rollout seeds each row by its name (rollout.py)
         "actor_rollout_ref.rollout.full_determinism=True",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * run.group_size // 2}",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch * run.group_size // 2}",
-        f"reward.custom_reward_function.path={run.assets.reward}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * run.group_size // 2 // dp}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch * run.group_size // 2 // dp}",
+        f"reward.custom_reward_function.path={task.relative(task.reward)}",
         "reward.custom_reward_function.name=compute_score",
         "reward.num_workers=1",  # 8 reward and 8 agent-loop processes by default: too many for 2 cores
         "actor_rollout_ref.rollout.agent.num_workers=1",
         "actor_rollout_ref.rollout.calculate_log_probs=True",  # verl's rollout_probs_diff metrics need them
         "trainer.device=cpu",
-        "trainer.nnodes=1",
-        f"trainer.n_gpus_per_node={run.cp}",
+        f"trainer.nnodes={run.shape.nnodes}",
+        f"trainer.n_gpus_per_node={run.shape.workers_per_node}",
         f"trainer.total_training_steps={run.steps}",
         "trainer.total_epochs=1000",
         "trainer.save_freq=-1",
@@ -124,8 +149,6 @@ def cpu_overlay(run: CpuRun) -> list[str]:
         f"trainer.default_local_dir={run.output_dir / 'checkpoints'}",
         "trainer.project_name=verl_cppack",
         "trainer.experiment_name=grpo_cpu",
-        f"++ray_kwargs.ray_init.num_gpus={run.cp}",
-        "++ray_kwargs.ray_init.num_cpus=16",
         # the v1 trainer's TransferQueue: 8 storage units on 2 cores stalled for minutes (VERL_ON_CPU.md)
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=2",
     ]

@@ -20,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from verl_cppack.core.checks import require_int
+from verl_cppack.integrations.verl.call_counts import read_call_records, read_ray_call_records
 from verl_cppack.jobs.counting_task import ensure_counting_assets
-from verl_cppack.jobs.launcher import TrainerRun, ray_host_port, run_trainer, summarize
+from verl_cppack.jobs.launcher import TrainerRun, run_trainer, summarize
 from verl_cppack.jobs.output import Panel, fresh_output_dir, plot_panels
+from verl_cppack.jobs.parallel_shape import ParallelShape
+from verl_cppack.jobs.ray_cluster import ClusterSession, ray_host_port
 from verl_cppack.jobs.trainer_config import (
     CpuRun,
     compose_trainer_config,
@@ -49,6 +52,9 @@ class JobKind:
 @dataclass(frozen=True)
 class JobSettings:
     cp: int = 2
+    tp: int = 1
+    dp: int = 1
+    nnodes: int = 1
     steps: int = 30
     output: str | None = None  # default: runs/<kind>
     address: str | None = None
@@ -61,7 +67,8 @@ class JobSettings:
     verbose: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("cp", "steps", "prompts_per_step", "group_size"):
+        self.shape  # tp, cp, dp, nnodes checked
+        for name in ("steps", "prompts_per_step", "group_size"):
             require_int(name, getattr(self, name), minimum=1)
         require_int("seed", self.seed, minimum=0)
         if self.trainer not in TRAINERS:
@@ -74,6 +81,10 @@ class JobSettings:
         if bad:
             raise ValueError(f"Hydra overrides must be KEY=VALUE, got {bad}")
 
+    @property
+    def shape(self) -> ParallelShape:
+        return ParallelShape(tp=self.tp, cp=self.cp, dp=self.dp, nnodes=self.nnodes)
+
 
 @dataclass
 class PreparedJob:
@@ -81,6 +92,7 @@ class PreparedJob:
     settings: JobSettings
     overrides: list[str]
     output_dir: Path
+    task_dir: Path  # shipped to every Ray worker as its working directory
     config: Any = field(repr=False)
 
 
@@ -90,7 +102,7 @@ def prepare_job(kind: JobKind, settings: JobSettings, output_dir: Path | None = 
         raise ValueError(f"group_size must be >= {kind.min_group_size} for {kind.name}, got {settings.group_size}")
     output_dir = output_dir or fresh_output_dir(settings.output or f"runs/{kind.name}")
     run = CpuRun(
-        assets=ensure_counting_assets(), cp=settings.cp, steps=settings.steps,
+        assets=ensure_counting_assets(), shape=settings.shape, steps=settings.steps,
         prompts_per_step=settings.prompts_per_step, group_size=settings.group_size, seed=settings.seed,
         learning_rate=settings.learning_rate, output_dir=output_dir,
     )  # fmt: skip
@@ -101,12 +113,13 @@ def prepare_job(kind: JobKind, settings: JobSettings, output_dir: Path | None = 
     )  # fmt: skip
     config = compose_trainer_config(overrides)
     kind.make_assets(run, config)
-    check_composed(config)
-    return PreparedJob(kind, settings, overrides, output_dir, config)
+    check_composed(config, run.assets.root)
+    return PreparedJob(kind, settings, overrides, output_dir, run.assets.root, config)
 
 
-def check_composed(config: Any) -> None:
-    """What verl would only find out inside Ray: a model directory that is not there, an inconsistent config."""
+def check_composed(config: Any, task_dir: Path) -> None:
+    """What verl would only find out inside Ray: a model directory that is not there (relative paths name files
+    of ``task_dir``, every worker's working directory), a model TP cannot split, an inconsistent config."""
     from hydra.errors import InstantiationException
 
     from verl_cppack.integrations.verl import cpu
@@ -119,14 +132,15 @@ def check_composed(config: Any) -> None:
         warnings.simplefilter("ignore")
         use_critic, use_reference = need_critic(config), need_reference_policy(config)
     for key in ("actor_rollout_ref.model.path", "critic.model.path"):
-        path = Path(str(_select(config, key))).expanduser()
         if key.startswith("critic") and not use_critic:
             continue
+        path = task_dir / Path(str(_select(config, key))).expanduser()  # an absolute path stays itself
         if not (path / "config.json").is_file():
             raise ValueError(
                 f"{key}={path} is not a Hugging Face checkpoint directory (no config.json); nothing can be "
                 "downloaded on this machine, so pass a local directory"
             )
+        check_tensor_parallel_split(key, json.loads((path / "config.json").read_text()), config)
     if str(config.trainer.device) != "cpu":
         raise ValueError(f"this job runs verl on the host: trainer.device must be cpu, got {config.trainer.device}")
     try:
@@ -135,6 +149,19 @@ def check_composed(config: Any) -> None:
             validate_config(config=config, use_reference_policy=use_reference, use_critic=use_critic)
     except (AssertionError, ValueError, TypeError, InstantiationException) as error:
         raise ValueError(f"verl's validate_config rejects the configuration: {error}") from error
+
+
+def check_tensor_parallel_split(key: str, model_config: dict[str, Any], config: Any) -> None:
+    """Megatron splits attention heads and key-value groups over TP ranks: TP must divide both."""
+    prefix = "critic.megatron" if key.startswith("critic") else "actor_rollout_ref.actor.megatron"
+    tp = int(_select(config, f"{prefix}.tensor_model_parallel_size"))
+    heads = int(model_config.get("num_attention_heads", 1))
+    groups = int(model_config.get("num_key_value_heads") or heads)
+    if heads % tp or groups % tp:
+        raise ValueError(
+            f"tp={tp} does not divide the model's {heads} attention heads and {groups} key-value heads ({key}); "
+            f"pick --tp among {[t for t in range(1, heads + 1) if heads % t == 0 and groups % t == 0]}"
+        )
 
 
 def _select(config: Any, dotted: str) -> Any:
@@ -160,18 +187,24 @@ def progress_line(record: dict[str, Any], total_steps: int) -> str:
 
 
 def run_job(prepared: PreparedJob, on_step: Callable[[dict[str, Any]], None] = lambda record: None) -> dict[str, Any]:
-    """Run verl's trainer; write the outputs; return the summary."""
+    """Start or join the Ray cluster, check it can hold the job, run verl's trainer on it, write the outputs;
+    return the summary. ``ClusterTooSmall`` before anything starts; ``TrainerFailed`` / ``ClusterUnavailable``."""
     import verl
 
     kind, settings, output_dir = prepared.kind, prepared.settings, prepared.output_dir
     (output_dir / "config.json").write_text(
         json.dumps({"job": kind.name, "settings": asdict(settings), "overrides": prepared.overrides}, indent=2)
     )
-    run = TrainerRun(overrides=prepared.overrides, output_dir=output_dir, cp=settings.cp, address=settings.address,
-                     verbose=settings.verbose)  # fmt: skip
     started = time.monotonic()
-    records = run_trainer(run, on_step)
-    summary = {"job": kind.name, **summarize(records, run, time.monotonic() - started, verl.__version__)}
+    session = ClusterSession.open(settings.address, settings.shape)
+    try:
+        run = TrainerRun(overrides=prepared.overrides, output_dir=output_dir, shape=settings.shape,
+                         address=session.address, task_dir=prepared.task_dir, verbose=settings.verbose)  # fmt: skip
+        records = run_trainer(run, on_step, watch=session.watch)
+        call_records = read_ray_call_records(run.call_count_key, delete=True) + read_call_records(run.call_count_dir)
+    finally:
+        session.close()
+    summary = {"job": kind.name, **summarize(records, call_records, run, time.monotonic() - started, verl.__version__)}
     summary.update(trainer_version=settings.trainer, **kind.summary(records))
     summary["plots"] = write_plots(kind, records, output_dir)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))

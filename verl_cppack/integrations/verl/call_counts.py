@@ -1,10 +1,17 @@
 """Opt-in count of the drop-in calls verl makes in this process, for jobs that must prove the drop-ins ran.
 
-With ``VERL_CPPACK_CALL_COUNT_DIR=DIR`` set, ``counted(name, dropin)`` wraps a drop-in so that every call adds
-one to its count and rewrites ``DIR/<host>-<pid>.json`` (``{"pid", "counts": {name: calls}, "roles": {role:
-calls}}``, replaced atomically), so the counts survive a worker that is killed rather than shut down. The role is
-``critic`` when the call comes from verl's value-model engine (a caller frame's ``self`` is a
-``*ValueHead`` engine: actor, reference and critic can share one worker process), else ``policy``. Without the
+``counted(name, dropin)`` wraps a drop-in when counting is asked for; every call adds one to its count and
+republishes this process's record ``{"pid", "host", "node", "gloo_interface", "counts": {name: calls},
+"roles": {role: calls}}`` (replaced whole, so the counts survive a worker that is killed rather than shut down):
+
+- ``VERL_CPPACK_CALL_COUNT_RAY_KEY=KEY``, in a process connected to Ray (verl's workers): into the cluster's
+  key-value store under ``KEY/<node id>/<pid>``, namespace ``verl_cppack``, so that records of workers on every
+  node reach the launcher without a shared file system (``read_ray_call_records``); ``node`` is the Ray node id;
+- ``VERL_CPPACK_CALL_COUNT_DIR=DIR`` otherwise (gloo processes without Ray): the file ``DIR/<host>-<pid>.json``,
+  written atomically (``read_call_records``); ``node`` is the host name.
+
+The role is ``critic`` when the call comes from verl's value-model engine (a caller frame's ``self`` is a
+``*ValueHead`` engine: actor, reference and critic can share one worker process), else ``policy``. Without either
 variable the drop-ins are installed unwrapped: nothing is counted and nothing costs.
 """
 
@@ -16,11 +23,13 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 COUNT_DIR_ENV = "VERL_CPPACK_CALL_COUNT_DIR"
+COUNT_RAY_KEY_ENV = "VERL_CPPACK_CALL_COUNT_RAY_KEY"
+RAY_NAMESPACE = "verl_cppack"
 
 _LOCK = threading.Lock()
 _COUNTS: dict[str, int] = {}
@@ -33,16 +42,19 @@ def count_directory() -> Path | None:
     return Path(value) if value else None
 
 
+def _ray_key() -> str | None:
+    return os.environ.get(COUNT_RAY_KEY_ENV, "").strip() or None
+
+
 def counted(name: str, dropin: Callable[..., Any]) -> Callable[..., Any]:
     """``dropin`` itself when counting is off, else a wrapper that counts its calls under ``name``."""
-    directory = count_directory()
-    if directory is None:
+    if count_directory() is None and _ray_key() is None:
         return dropin
 
     @functools.wraps(dropin)
     def counting(*args: Any, **kwargs: Any) -> Any:
         result = dropin(*args, **kwargs)
-        _record(directory, name)
+        _record(name)
         return result
 
     return counting
@@ -61,12 +73,32 @@ def caller_role(max_depth: int = 40) -> str:
     return "policy"
 
 
-def _record(directory: Path, name: str) -> None:
+def _connected_ray() -> Any:
+    """The ``ray`` module when this process is connected to a Ray cluster (it is never imported here)."""
+    ray = sys.modules.get("ray")
+    return ray if ray is not None and ray.is_initialized() else None
+
+
+def _record(name: str) -> None:
     role = caller_role()
     with _LOCK:
         _COUNTS[name] = _COUNTS.get(name, 0) + 1
         _ROLES[role] = _ROLES.get(role, 0) + 1
-        payload = json.dumps({"pid": os.getpid(), "counts": dict(_COUNTS), "roles": dict(_ROLES)}, sort_keys=True)
+        ray, key = _connected_ray(), _ray_key()
+        node = ray.get_runtime_context().get_node_id() if ray is not None else socket.gethostname()
+        payload = json.dumps(
+            {"pid": os.getpid(), "host": socket.gethostname(), "node": node,
+             "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"), "counts": dict(_COUNTS), "roles": dict(_ROLES)},
+            sort_keys=True,
+        )  # fmt: skip
+        if ray is not None and key is not None:
+            from ray.experimental import internal_kv
+
+            internal_kv._internal_kv_put(f"{key}/{node}/{os.getpid()}", payload, namespace=RAY_NAMESPACE)
+            return
+        directory = count_directory()
+        if directory is None:  # asked for Ray's store outside Ray: a process verl runs without a cluster
+            return
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{socket.gethostname()}-{os.getpid()}.json"
         staging = path.with_suffix(".tmp")
@@ -74,10 +106,35 @@ def _record(directory: Path, name: str) -> None:
         os.replace(staging, path)
 
 
-def read_call_counts(directory: str | Path, key: str = "counts") -> dict[str, int]:
-    """Sum over every process that wrote into ``directory``: drop-in name -> calls (``key="roles"``: role -> calls)."""
+def read_call_records(directory: str | Path) -> list[dict[str, Any]]:
+    """Every process's record written into ``directory`` (none if it does not exist)."""
+    return [json.loads(path.read_text()) for path in sorted(Path(directory).glob("*.json"))]
+
+
+def read_ray_call_records(key: str, delete: bool = False) -> list[dict[str, Any]]:
+    """Every process's record published under ``key`` in the connected Ray cluster (``delete``: then remove them)."""
+    from ray.experimental import internal_kv
+
+    names = sorted(internal_kv._internal_kv_list(f"{key}/", namespace=RAY_NAMESPACE))
+    records = []
+    for entry in names:
+        value = internal_kv._internal_kv_get(entry, namespace=RAY_NAMESPACE)
+        if value is not None:
+            records.append(json.loads(value))
+        if delete:
+            internal_kv._internal_kv_del(entry, namespace=RAY_NAMESPACE)
+    return records
+
+
+def sum_calls(records: Iterable[dict[str, Any]], key: str = "counts") -> dict[str, int]:
+    """Sum over records: drop-in name -> calls (``key="roles"``: role -> calls)."""
     totals: dict[str, int] = {}
-    for path in sorted(Path(directory).glob("*.json")):
-        for name, calls in json.loads(path.read_text()).get(key, {}).items():
+    for record in records:
+        for name, calls in record.get(key, {}).items():
             totals[name] = totals.get(name, 0) + int(calls)
     return totals
+
+
+def read_call_counts(directory: str | Path, key: str = "counts") -> dict[str, int]:
+    """Sum over every process that wrote into ``directory``: drop-in name -> calls (``key="roles"``: role -> calls)."""
+    return sum_calls(read_call_records(directory), key)

@@ -36,6 +36,9 @@ def activate_if_requested() -> bool:
     """``activate()`` when ``VERL_PLATFORM=cpu``; never in a GPU run. Returns whether it activated."""
     if not cpu_requested():
         return False
+    from verl_cppack.integrations.verl.cpu.gloo_interface import bind_gloo_to_ray_node_interface
+
+    bind_gloo_to_ray_node_interface()  # before any process group is made
     activate()
     return True
 

@@ -1,0 +1,190 @@
+"""The Ray cluster a job runs on, held by the launcher from before verl starts until after it ends.
+
+``ClusterSession.open`` starts a local cluster (the default: ``workers`` logical GPUs, one per worker slot, as the
+CPU platform counts them) or joins the running one at ``--address`` / ``RAY_ADDRESS`` (``HOST:PORT`` or ``auto``)
+without asking Ray for resources. Either way verl's trainer then joins it by its GCS address, so one path serves
+both, and the launcher can:
+
+- refuse a cluster that cannot hold the job before verl starts (``capacity_problem``: worker slots and CPUs
+  per node, as verl's placement groups will ask for them) — one line naming what is missing and how to provide
+  it, never a placement group pending forever;
+- watch the run (``watch``): a node hosting the job's workers that dies, or a placement group verl asked for
+  that stays pending, is reported so the launcher stops the trainer (exit 3);
+- read the drop-in call records the workers published in the cluster's key-value store, wherever they ran;
+- leave nothing behind: a local cluster is stopped on ``close``; on a joined one the trainer's Ray job ends with
+  its driver, which takes its actors and placement groups with it (``leftover_actors`` checks it).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_cppack.jobs.parallel_shape import ParallelShape
+
+# verl's RayResourcePool bundle, one per worker slot: {"CPU": max_colocate_count (3), "GPU": 1}, STRICT_PACK per node.
+CPUS_PER_SLOT = 3
+# Logical CPUs verl asks for outside the placement groups: the TaskRunner, the agent-loop and reward workers, the
+# TransferQueue controller and storage units (3 at peak, measured with 2 workers; one kept in reserve).
+EXTRA_CPUS = 4
+LOCAL_CLUSTER_CPUS = 16  # logical CPUs of the local cluster (the v1 trainer's TransferQueue stalled with 8)
+SLOT_RESOURCE = "GPU"  # verl's resource pools count GPUs; the CPU platform maps one logical GPU to one worker
+ADDRESS_PROBE_TIMEOUT_S = 10.0
+PENDING_PLACEMENT_TIMEOUT_S = 90.0
+VERL_PLACEMENT_GROUP_MARK = "verl_group"  # verl names its placement groups "<pool>verl_group_<sizes>:<index>"
+
+
+class ClusterUnavailable(RuntimeError):
+    """No Ray cluster answers at the address, or joining it failed (exit 3)."""
+
+
+class ClusterTooSmall(ValueError):
+    """The cluster cannot hold the job (exit 2: nothing was started)."""
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """One alive Ray node: its id, address and total logical resources."""
+
+    node_id: str
+    address: str
+    slots: float  # Ray "GPU"
+    cpus: float
+
+
+def ray_host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a Ray head address, ``None`` for 'auto' or a ``ray://`` client address;
+    ``ValueError`` for anything else."""
+    if address == "auto" or address.startswith("ray://"):
+        return None
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--address must be HOST:PORT of a Ray head node (or 'auto'), got {address!r}")
+    return host, int(port)
+
+
+def check_address_answers(address: str) -> None:
+    """Refuse an address where nothing listens, in bounded time (Ray itself retries for minutes)."""
+    host_port = ray_host_port(address)
+    if host_port is None:
+        return
+    try:
+        with socket.create_connection(host_port, timeout=ADDRESS_PROBE_TIMEOUT_S):
+            pass
+    except OSError as error:
+        raise ClusterUnavailable(
+            f"no Ray cluster answers at {address} ({error}); start one with `ray start --head`"
+        ) from error
+
+
+def capacity_problem(
+    nodes: Sequence[NodeCapacity], available: dict[str, float], shape: ParallelShape, where: str
+) -> str | None:
+    """What the cluster lacks for ``shape`` (``None``: it can hold it). ``nodes`` are the alive nodes with their
+    totals, ``available`` what is free in the whole cluster now (other jobs hold the rest)."""
+    per_node = shape.workers_per_node
+    node_cpus = CPUS_PER_SLOT * per_node
+    slots = sum(node.slots for node in nodes)
+    fitting = [node for node in nodes if node.slots >= per_node and node.cpus >= node_cpus]
+    layout = ", ".join(f"{node.address}: {node.slots:g} slots, {node.cpus:g} CPUs" for node in nodes) or "no nodes"
+    wanted = f"this job needs {shape.workers} worker slots ({shape.describe()}), {per_node} per node with {node_cpus} CPUs"
+    how = (
+        f"start each node with `ray start ... --num-gpus {per_node} --num-cpus {node_cpus + EXTRA_CPUS}` (the CPU "
+        f"job counts one logical GPU per worker; on GPUs, {per_node} real ones) or change --tp/--cp/--dp/--nnodes"
+    )
+    if len(fitting) < shape.nnodes:
+        return f"the Ray cluster at {where} has {slots:g} worker slots ({layout}); {wanted}; {how}"
+    needed_cpus = CPUS_PER_SLOT * shape.workers + EXTRA_CPUS
+    total_cpus = sum(node.cpus for node in nodes)
+    if total_cpus < needed_cpus:
+        return f"the Ray cluster at {where} has {total_cpus:g} CPUs ({layout}); {wanted} and {needed_cpus} in all; {how}"
+    free_slots, free_cpus = available.get(SLOT_RESOURCE, 0.0), available.get("CPU", 0.0)
+    if free_slots < shape.workers or free_cpus < needed_cpus:
+        return (
+            f"the Ray cluster at {where} has {free_slots:g} of {slots:g} worker slots and {free_cpus:g} CPUs free "
+            f"(other jobs hold the rest); {wanted} and {needed_cpus} CPUs in all; wait for them or add nodes"
+        )
+    return None
+
+
+@dataclass
+class _PlacementWatch:
+    first_seen: dict[str, float] = field(default_factory=dict)  # placement group id -> when first seen pending
+    nodes: set[str] = field(default_factory=set)  # nodes hosting the job's bundles
+
+
+class ClusterSession:
+    """A connection to the job's Ray cluster (this process is a Ray driver while it is open)."""
+
+    def __init__(self, ray: Any, address: str, started_here: bool, shape: ParallelShape) -> None:
+        self._ray, self.address, self.started_here, self.shape = ray, address, started_here, shape
+        self._existing_groups = set(ray.util.placement_group_table())  # created before the trainer: not the job's
+        self._watch = _PlacementWatch()
+
+    @classmethod
+    def open(cls, address: str | None, shape: ParallelShape) -> ClusterSession:
+        """Start a local cluster (``address`` None) or join the one at ``address``; ``ClusterTooSmall`` when it
+        cannot hold ``shape``, ``ClusterUnavailable`` when nothing answers. The session is closed on failure."""
+        import ray
+
+        if address is not None:
+            check_address_answers(address)
+        try:
+            if address is None:
+                context = ray.init(num_cpus=max(LOCAL_CLUSTER_CPUS, CPUS_PER_SLOT * shape.workers + EXTRA_CPUS),
+                                   num_gpus=shape.workers, include_dashboard=False, log_to_driver=False)  # fmt: skip
+                gcs_address = context.address_info["gcs_address"]
+            else:
+                ray.init(address=address, log_to_driver=False)
+                gcs_address = ray.get_runtime_context().gcs_address
+        except (ConnectionError, RuntimeError, ValueError) as error:
+            ray.shutdown()
+            raise ClusterUnavailable(f"could not join the Ray cluster at {address}: {error}") from error
+        session = cls(ray, gcs_address, address is None, shape)
+        try:
+            problem = capacity_problem(session.nodes(), ray.available_resources(), shape, address or "this machine")
+        except BaseException:
+            session.close()
+            raise
+        if problem is not None:
+            session.close()
+            raise ClusterTooSmall(problem)
+        return session
+
+    def nodes(self) -> list[NodeCapacity]:
+        return [
+            NodeCapacity(node["NodeID"], node["NodeManagerAddress"], float(node["Resources"].get(SLOT_RESOURCE, 0)),
+                         float(node["Resources"].get("CPU", 0)))  # fmt: skip
+            for node in self._ray.nodes()
+            if node["Alive"]
+        ]
+
+    def watch(self, now: float | None = None) -> str | None:
+        """Why the run cannot go on, or ``None``: a node hosting the job's placement groups died, or one of them
+        has been pending for ``PENDING_PLACEMENT_TIMEOUT_S``."""
+        now = time.monotonic() if now is None else now
+        alive = {node["NodeID"]: node for node in self._ray.nodes() if node["Alive"]}
+        for group_id, group in self._ray.util.placement_group_table().items():
+            if group_id in self._existing_groups or VERL_PLACEMENT_GROUP_MARK not in group.get("name", ""):
+                continue
+            self._watch.nodes.update(node for node in group["bundles_to_node_id"].values() if node and set(node) != {"0"})
+            if group["state"] == "PENDING":
+                waited = now - self._watch.first_seen.setdefault(group_id, now)
+                if waited >= PENDING_PLACEMENT_TIMEOUT_S:
+                    bundles = list(group["bundles"].values())
+                    return (
+                        f"verl's placement group {group['name']!r} ({len(bundles)} bundles of {bundles[0] if bundles else {}}) "
+                        f"could not be placed for {waited:.0f} s: the cluster lacks the resources "
+                        f"({', '.join(f'{n.address}: {n.slots:g} slots, {n.cpus:g} CPUs' for n in self.nodes())})"
+                    )
+        dead = sorted(self._watch.nodes - set(alive))
+        if dead:
+            return f"Ray node(s) {', '.join(node[:12] for node in dead)} running this job's workers died"
+        return None
+
+    def close(self) -> None:
+        """Disconnect (a local cluster is stopped with it)."""
+        self._ray.shutdown()
