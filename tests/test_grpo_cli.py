@@ -54,6 +54,14 @@ def test_the_default_configuration_is_the_gpu_recipe_with_the_cpu_overlay(tmp_pa
         (["actor_rollout_ref.model.path=/no/such/model"], "not a Hugging Face checkpoint directory"),
         (["trainer.device=cuda"], "trainer.device must be cpu"),
         (["--address", "nonsense"], "HOST:PORT"),
+        (["--tp", "0"], "tp must be >= 1"),
+        (["--dp", "0"], "dp must be >= 1"),
+        (["--nnodes", "0"], "nnodes must be >= 1"),
+        (["--dp", "2", "--nnodes", "3"], "nnodes=3 does not divide the 4 workers"),
+        (["--nnodes", "2"], "needs --address (or RAY_ADDRESS)"),
+        (["--tp", "4"], "tp=4 does not divide the model's 4 attention heads and 2 key-value heads"),
+        (["--dp", "3"], "dp=3 must divide the 32 responses of a mini-batch"),
+        (["--prompts-per-step", "6"], "prompts_per_step (6) must be a multiple of 4"),
     ],
 )
 def test_bad_input_is_one_error_line_and_exit_2_before_ray_starts(arguments, message, tmp_path):

@@ -258,6 +258,11 @@ def summarize(
         "dropin_calls": sum(sum_calls(call_records).values()),
         "dropin_calls_by_name": sum_calls(call_records),
         "dropin_calls_by_role": sum_calls(call_records, "roles"),  # policy (actor and reference) / critic
+        "workers": [  # every process that called the drop-ins: where it ran and what it ran with
+            {key: record.get(key) for key in ("node", "host", "pid", "gloo_interface", "working_dir", "package_dir")}
+            | {"calls": sum(record["counts"].values())}
+            for record in calling
+        ],
         "wall_s": round(wall_s, 1),
         "output_dir": str(run.output_dir),
     }

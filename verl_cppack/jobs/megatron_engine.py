@@ -40,6 +40,7 @@ class EngineSettings:
 
     model_path: str
     context_parallel_size: int = 1
+    tensor_model_parallel_size: int = 1  # data parallelism is what the world size leaves, as in verl
     micro_batch_size: int = 8  # verl's micro_batch_size_per_gpu and infer_micro_batch_size_per_gpu
     forward_only: bool = False  # True: verl's reference engine (no DDP wrap, no optimizer)
     learning_rate: float = 1e-2
@@ -51,7 +52,7 @@ class EngineSettings:
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"EngineSettings.model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
-        for name in ("context_parallel_size", "micro_batch_size", "total_training_steps"):
+        for name in ("context_parallel_size", "tensor_model_parallel_size", "micro_batch_size", "total_training_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"EngineSettings.{name} must be an int, got {type(value).__name__}")
@@ -92,6 +93,8 @@ def build_megatron_engine(settings: EngineSettings) -> BuiltEngine:
         vanilla_mbridge=True,
         use_distributed_optimizer=False,
         context_parallel_size=settings.context_parallel_size,
+        tensor_model_parallel_size=settings.tensor_model_parallel_size,
+        sequence_parallel=False,  # HOST_TRANSFORMER_CONFIG: the local norms refuse it
         use_dynamic_bsz=False,
         micro_batch_size_per_gpu=settings.micro_batch_size,
         infer_micro_batch_size_per_gpu=settings.micro_batch_size,

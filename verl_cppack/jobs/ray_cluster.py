@@ -33,6 +33,7 @@ EXTRA_CPUS = 4
 LOCAL_CLUSTER_CPUS = 16  # logical CPUs of the local cluster (the v1 trainer's TransferQueue stalled with 8)
 SLOT_RESOURCE = "GPU"  # verl's resource pools count GPUs; the CPU platform maps one logical GPU to one worker
 ADDRESS_PROBE_TIMEOUT_S = 10.0
+JOIN_TIMEOUT_S = 30.0  # Ray retries a GCS that does not answer for minutes; a job gives up sooner
 PENDING_PLACEMENT_TIMEOUT_S = 90.0
 VERL_PLACEMENT_GROUP_MARK = "verl_group"  # verl names its placement groups "<pool>verl_group_<sizes>:<index>"
 
@@ -61,9 +62,9 @@ def ray_host_port(address: str) -> tuple[str, int] | None:
     if address == "auto" or address.startswith("ray://"):
         return None
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"--address must be HOST:PORT of a Ray head node (or 'auto'), got {address!r}")
-    return host, int(port)
+    return host.strip("[]"), int(port)  # an IPv6 host is written [::1]
 
 
 def check_address_answers(address: str) -> None:
@@ -78,6 +79,42 @@ def check_address_answers(address: str) -> None:
         raise ClusterUnavailable(
             f"no Ray cluster answers at {address} ({error}); start one with `ray start --head`"
         ) from error
+
+
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+
+
+def check_joinable(address: str) -> None:
+    """Refuse, in bounded time, an address this process could not join: nothing listens there, something that is
+    not a Ray head does (a child process tries to join and is killed after ``JOIN_TIMEOUT_S``: Ray itself waits
+    minutes), or the cluster wants a token this client does not send. ``ray start --head`` turns token
+    authentication on, and Ray sends the token to an explicit ``HOST:PORT`` only with ``RAY_AUTH_MODE=token`` (it
+    does so on its own only for ``auto``); the job does not choose that for the user, it says so."""
+    import os
+    import subprocess
+    import sys
+
+    check_address_answers(address)
+    probe = "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR')"
+    try:
+        result = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True,
+                                timeout=JOIN_TIMEOUT_S, stdin=subprocess.DEVNULL)  # fmt: skip
+    except subprocess.TimeoutExpired as error:
+        raise ClusterUnavailable(
+            f"no Ray cluster answered at {address} within {JOIN_TIMEOUT_S:.0f} s (something listens there, but not a "
+            "Ray head); pass the address `ray start --head` printed"
+        ) from error
+    if result.returncode == 0:
+        return
+    if "InvalidAuthToken" in result.stderr:
+        mode = os.environ.get(AUTH_MODE_ENV, "unset")
+        raise ClusterUnavailable(
+            f"the Ray cluster at {address} asks for an authentication token and this client sends none ({AUTH_MODE_ENV} "
+            f"is {mode}); run `export {AUTH_MODE_ENV}=token` (the token `ray start` saved in ~/.ray/auth_token, or "
+            "RAY_AUTH_TOKEN, is then sent), or use --address auto on a node of the cluster"
+        )
+    errors = [line for line in result.stderr.splitlines() if "Error" in line] or result.stderr.splitlines()
+    raise ClusterUnavailable(f"could not join the Ray cluster at {address}: {(errors or ['no output'])[-1].strip()}")
 
 
 def capacity_problem(
@@ -131,19 +168,20 @@ class ClusterSession:
         import ray
 
         if address is not None:
-            check_address_answers(address)
+            check_joinable(address)
         try:
             if address is None:
                 context = ray.init(num_cpus=max(LOCAL_CLUSTER_CPUS, CPUS_PER_SLOT * shape.workers + EXTRA_CPUS),
-                                   num_gpus=shape.workers, include_dashboard=False, log_to_driver=False)  # fmt: skip
-                gcs_address = context.address_info["gcs_address"]
-            else:
-                ray.init(address=address, log_to_driver=False)
-                gcs_address = ray.get_runtime_context().gcs_address
+                                   num_gpus=shape.workers, include_dashboard=False, log_to_driver=False,
+                                   logging_level="ERROR")  # fmt: skip
+                join_address = context.address_info["gcs_address"]
+            else:  # verl's trainer joins with the user's own words ('auto' finds the cluster, and its token, as here)
+                ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+                join_address = address
         except (ConnectionError, RuntimeError, ValueError) as error:
             ray.shutdown()
             raise ClusterUnavailable(f"could not join the Ray cluster at {address}: {error}") from error
-        session = cls(ray, gcs_address, address is None, shape)
+        session = cls(ray, join_address, address is None, shape)
         try:
             problem = capacity_problem(session.nodes(), ray.available_resources(), shape, address or "this machine")
         except BaseException:

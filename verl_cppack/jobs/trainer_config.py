@@ -89,6 +89,7 @@ def megatron_overlay(prefix: str, run: CpuRun) -> list[str]:
         f"{prefix}.tensor_model_parallel_size={run.shape.tp}",
         f"{prefix}.pipeline_model_parallel_size=1",
         f"{prefix}.context_parallel_size={run.shape.cp}",
+        f"{prefix}.sequence_parallel=False",  # HOST_TRANSFORMER_CONFIG
         f"{prefix}.vanilla_mbridge=True",
         f"{prefix}.dtype=float32",
         f"{prefix}.use_distributed_optimizer=False",

@@ -77,6 +77,11 @@ class JobSettings:
             raise ValueError(f"learning rate must be a float in (0, 1), got {self.learning_rate!r}")
         if self.address is not None:
             ray_host_port(self.address)
+        elif self.nnodes > 1:
+            raise ValueError(
+                f"nnodes={self.nnodes} needs --address (or RAY_ADDRESS) of a running Ray cluster with that many nodes; "
+                "the local cluster this job starts is one node"
+            )
         bad = [o for o in self.overrides if "=" not in o or o.startswith("-")]
         if bad:
             raise ValueError(f"Hydra overrides must be KEY=VALUE, got {bad}")

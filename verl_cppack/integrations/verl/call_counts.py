@@ -1,8 +1,10 @@
 """Opt-in count of the drop-in calls verl makes in this process, for jobs that must prove the drop-ins ran.
 
 ``counted(name, dropin)`` wraps a drop-in when counting is asked for; every call adds one to its count and
-republishes this process's record ``{"pid", "host", "node", "gloo_interface", "counts": {name: calls},
-"roles": {role: calls}}`` (replaced whole, so the counts survive a worker that is killed rather than shut down):
+republishes this process's record ``{"pid", "host", "node", "gloo_interface", "working_dir", "package_dir",
+"counts": {name: calls}, "roles": {role: calls}}`` (where it ran, which interface gloo bound to, where its task
+files and its verl_cppack came from; replaced whole, so the counts survive a worker that is killed rather than
+shut down):
 
 - ``VERL_CPPACK_CALL_COUNT_RAY_KEY=KEY``, in a process connected to Ray (verl's workers): into the cluster's
   key-value store under ``KEY/<node id>/<pid>``, namespace ``verl_cppack``, so that records of workers on every
@@ -34,6 +36,7 @@ RAY_NAMESPACE = "verl_cppack"
 _LOCK = threading.Lock()
 _COUNTS: dict[str, int] = {}
 _ROLES: dict[str, int] = {}
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__))  # verl_cppack/
 CRITIC_ENGINE_SUFFIX = "ValueHead"  # verl 0.9: MegatronEngineWithValueHead (FSDP: ...ValueHead too)
 
 
@@ -88,7 +91,8 @@ def _record(name: str) -> None:
         node = ray.get_runtime_context().get_node_id() if ray is not None else socket.gethostname()
         payload = json.dumps(
             {"pid": os.getpid(), "host": socket.gethostname(), "node": node,
-             "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"), "counts": dict(_COUNTS), "roles": dict(_ROLES)},
+             "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"), "working_dir": os.getcwd(),
+             "package_dir": _PACKAGE_DIR, "counts": dict(_COUNTS), "roles": dict(_ROLES)},
             sort_keys=True,
         )  # fmt: skip
         if ray is not None and key is not None:
