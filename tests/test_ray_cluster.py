@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,29 @@ def test_the_interface_holding_an_address_is_found_on_this_host():
                 assert interface_holding(entry.address) == name
     with pytest.raises(RuntimeError, match="no network interface of this host holds its Ray node address 203.0.113.7"):
         interface_holding("203.0.113.7")  # TEST-NET-3: on no host
+
+
+def test_a_placement_group_verl_cannot_place_is_reported_after_the_timeout():
+    """A real local cluster held by a session: a verl-named placement group asking for more than the cluster has
+    stays pending; ``watch`` says so once it has waited ``PENDING_PLACEMENT_TIMEOUT_S``, never before. Groups that
+    are not verl's, or that existed before the session, are none of the job's business."""
+    ray = pytest.importorskip("ray")
+    from ray.util.placement_group import placement_group
+
+    from verl_cppack.jobs.ray_cluster import PENDING_PLACEMENT_TIMEOUT_S, ClusterSession
+
+    session = ClusterSession.open(None, ParallelShape(cp=1))
+    try:
+        assert session.started_here and ray.cluster_resources()["GPU"] == 1
+        assert session.watch() is None
+        placement_group([{"CPU": 1000}], name="someone_else_group:0")  # not verl's
+        placement_group([{"CPU": 1000, "GPU": 1}], name="global_poolverl_group_1:0")
+        first = time.monotonic()
+        assert session.watch(now=first) is None
+        assert session.watch(now=first + PENDING_PLACEMENT_TIMEOUT_S - 1) is None
+        problem = session.watch(now=first + PENDING_PLACEMENT_TIMEOUT_S)
+        assert problem is not None and "'global_poolverl_group_1:0'" in problem and "could not be placed" in problem
+        assert "CPU" in problem and "\n" not in problem
+    finally:
+        session.close()
+    assert not ray.is_initialized()

@@ -162,3 +162,49 @@ def test_a_solution_without_a_final_answer_is_rejected():
     prepare = load_prepare_gsm8k()
     with pytest.raises(ValueError, match="####"):
         prepare.to_verl_row({"question": "q", "answer": "no final line"}, 0, "test")
+
+
+def submit(*arguments: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(RECIPES / "submit_multinode.sh"), *arguments],
+        env={**os.environ, "VERL_CPPACK_PRINT_SUBMIT": "1", "RAY_ADDRESS": "http://10.0.0.1:8265", **env},
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_the_multinode_submission_ships_verl_cppack_and_sets_the_shape():
+    """``submit_multinode.sh`` builds ``ray job submit`` with verl_cppack in the job's runtime environment
+    (``py_modules``: a package with the plugin), the recipes as working directory, the plugin turned on for every
+    process, and an entrypoint that a shell parses back into the recipe, the shape and the user's overrides."""
+    import json
+    import shlex
+
+    override = "trainer.logger=['console','wandb']"
+    result = submit("gsm8k_ppo_megatron_cp2.sh", override, NNODES="2", GPUS_PER_NODE="8", TP="2", PP="1", CP="2", DP="4")
+    assert result.returncode == 0, result.stderr
+    words = result.stdout.splitlines()
+    assert words[:5] == ["ray", "job", "submit", "--address", "http://10.0.0.1:8265"] and words[-2] == "--"
+    runtime_env = json.loads(words[words.index("--runtime-env-json") + 1])
+    assert Path(runtime_env["working_dir"]) == RECIPES
+    (package,) = runtime_env["py_modules"]
+    assert (Path(package) / "verl_plugin.py").is_file() and Path(package).name == "verl_cppack"
+    assert runtime_env["env_vars"] == {"VERL_USE_EXTERNAL_MODULES": "verl_cppack.verl_plugin"}
+    entrypoint = shlex.split(words[-1])
+    assert entrypoint[0] == "env" and entrypoint[-3:] == ["bash", "gsm8k_ppo_megatron_cp2.sh", override]
+    settings = dict(word.split("=", 1) for word in entrypoint[1:-3])
+    assert {key: settings[key] for key in ("NNODES", "GPUS_PER_NODE", "TP", "PP", "CP")} == {
+        "NNODES": "2", "GPUS_PER_NODE": "8", "TP": "2", "PP": "1", "CP": "2"}  # fmt: skip
+    # the recipe those settings run composes in verl's config at that shape (DP = 16 GPUs / (2 * 1 * 2) = 4)
+    overrides = recipe_overrides(RECIPES / "gsm8k_ppo_megatron_cp2.sh", **settings)
+    assert "trainer.nnodes=2" in overrides and "actor_rollout_ref.actor.megatron.context_parallel_size=2" in overrides
+
+
+@pytest.mark.parametrize(
+    "arguments, env, message",
+    [((), {"NNODES": "2", "TP": "2", "PP": "1", "CP": "2", "DP": "3"}, "TP*PP*CP*DP = 2*1*2*3 = 12 GPUs"),
+     ((), {"NNODES": "1", "TP": "3", "PP": "1", "CP": "2"}, "must divide NNODES*GPUS_PER_NODE = 8"),
+     (("no_such_recipe.sh",), {}, "is not a recipe"), (("submit_multinode.sh",), {}, "is not a recipe")],
+)  # fmt: skip
+def test_a_submission_whose_shape_does_not_fill_the_cluster_is_refused(arguments, env, message):
+    result = submit(*arguments, **env)
+    assert result.returncode == 2 and message in result.stderr and not result.stdout

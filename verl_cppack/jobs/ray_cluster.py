@@ -12,7 +12,7 @@ both, and the launcher can:
   that stays pending, is reported so the launcher stops the trainer (exit 3);
 - read the drop-in call records the workers published in the cluster's key-value store, wherever they ran;
 - leave nothing behind: a local cluster is stopped on ``close``; on a joined one the trainer's Ray job ends with
-  its driver, which takes its actors and placement groups with it (``leftover_actors`` checks it).
+  its driver, which takes its actors and placement groups with it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from verl_cppack.jobs.parallel_shape import ParallelShape
@@ -147,19 +147,14 @@ def capacity_problem(
     return None
 
 
-@dataclass
-class _PlacementWatch:
-    first_seen: dict[str, float] = field(default_factory=dict)  # placement group id -> when first seen pending
-    nodes: set[str] = field(default_factory=set)  # nodes hosting the job's bundles
-
-
 class ClusterSession:
     """A connection to the job's Ray cluster (this process is a Ray driver while it is open)."""
 
     def __init__(self, ray: Any, address: str, started_here: bool, shape: ParallelShape) -> None:
         self._ray, self.address, self.started_here, self.shape = ray, address, started_here, shape
-        self._existing_groups = set(ray.util.placement_group_table())  # created before the trainer: not the job's
-        self._watch = _PlacementWatch()
+        self._existing_groups = set(ray.util.placement_group_table())  # made before the trainer: not the job's
+        self._pending_since: dict[str, float] = {}  # placement group id -> when first seen pending
+        self._job_nodes: set[str] = set()  # nodes hosting the job's bundles
 
     @classmethod
     def open(cls, address: str | None, shape: ParallelShape) -> ClusterSession:
@@ -208,9 +203,9 @@ class ClusterSession:
         for group_id, group in self._ray.util.placement_group_table().items():
             if group_id in self._existing_groups or VERL_PLACEMENT_GROUP_MARK not in group.get("name", ""):
                 continue
-            self._watch.nodes.update(node for node in group["bundles_to_node_id"].values() if node and set(node) != {"0"})
+            self._job_nodes.update(node for node in group["bundles_to_node_id"].values() if node.strip("0"))  # placed
             if group["state"] == "PENDING":
-                waited = now - self._watch.first_seen.setdefault(group_id, now)
+                waited = now - self._pending_since.setdefault(group_id, now)
                 if waited >= PENDING_PLACEMENT_TIMEOUT_S:
                     bundles = list(group["bundles"].values())
                     return (
@@ -218,7 +213,7 @@ class ClusterSession:
                         f"could not be placed for {waited:.0f} s: the cluster lacks the resources "
                         f"({', '.join(f'{n.address}: {n.slots:g} slots, {n.cpus:g} CPUs' for n in self.nodes())})"
                     )
-        dead = sorted(self._watch.nodes - set(alive))
+        dead = sorted(self._job_nodes - set(alive))
         if dead:
             return f"Ray node(s) {', '.join(node[:12] for node in dead)} running this job's workers died"
         return None
