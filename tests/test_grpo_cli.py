@@ -42,6 +42,29 @@ def test_the_default_configuration_is_the_gpu_recipe_with_the_cpu_overlay(tmp_pa
     assert prepare_job(GRPO, JobSettings(trainer="v0"), output_dir=tmp_path).config.trainer.use_v1 is False
 
 
+def test_a_parallel_shape_reaches_every_megatron_model_and_verls_trainer(tmp_path):
+    """--tp 2 --cp 2 --dp 2 over 2 nodes: TP and CP of the actor, reference and (PPO) critic, sequence parallelism
+    off, verl's world of 2 nodes x 4 workers, micro-batches per DP rank; the task's files named relative to the task
+    directory (every worker's working directory)."""
+    from verl_cppack.jobs.ppo import PPO, PPO_DEFAULTS
+
+    settings = JobSettings(tp=2, cp=2, dp=2, nnodes=2, address="10.0.0.1:6379")
+    config = prepare_job(GRPO, settings, output_dir=tmp_path / "grpo").config
+    for role in ("actor", "ref"):
+        megatron = config.actor_rollout_ref[role].megatron
+        assert (megatron.tensor_model_parallel_size, megatron.context_parallel_size) == (2, 2)
+        assert megatron.sequence_parallel is False
+    assert (config.trainer.nnodes, config.trainer.n_gpus_per_node) == (2, 4)
+    responses_per_mini_batch = settings.prompts_per_step * settings.group_size // 4
+    assert config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == responses_per_mini_batch // 2
+    assert config.actor_rollout_ref.model.path == "model" and config.data.train_files == "train.parquet"
+    assert config.reward.custom_reward_function.path == "counting_reward.py"
+    ppo_settings = JobSettings(**{**PPO_DEFAULTS.__dict__, "tp": 2, "cp": 2, "dp": 2})
+    critic = prepare_job(PPO, ppo_settings, output_dir=tmp_path / "ppo").config.critic
+    assert (critic.megatron.tensor_model_parallel_size, critic.megatron.context_parallel_size) == (2, 2)
+    assert critic.ppo_micro_batch_size_per_gpu == ppo_settings.prompts_per_step * ppo_settings.group_size // 4 // 2
+
+
 @pytest.mark.parametrize(
     "arguments, message",
     [

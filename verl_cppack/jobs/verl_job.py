@@ -149,8 +149,9 @@ def check_composed(config: Any, task_dir: Path) -> None:
     if str(config.trainer.device) != "cpu":
         raise ValueError(f"this job runs verl on the host: trainer.device must be cpu, got {config.trainer.device}")
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # verl's notes go to trainer.log
-            warnings.simplefilter("ignore")
+        # in the task directory, as every worker runs: verl's config classes open the model files the config names
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.chdir(task_dir):
+            warnings.simplefilter("ignore")  # verl's notes go to trainer.log
             validate_config(config=config, use_reference_policy=use_reference, use_critic=use_critic)
     except (AssertionError, ValueError, TypeError, InstantiationException) as error:
         raise ValueError(f"verl's validate_config rejects the configuration: {error}") from error
