@@ -10,9 +10,8 @@ Each verl util function pads differently; these helpers name the policy so the d
 - engine BSHD (``preprocess_bshd_engine``): every row padded to one length ``M`` (a THD plan whose slots
   all have length ``M``; its local stream reshaped ``[B, M/CP]`` is verl's zigzag-per-row BSHD layout).
 
-Where verl would pad the stream to a length that breaks its own slot alignment (``min_local_rows`` or
-``pad_to_length_bucket`` not a multiple of the slot multiple), we pad to the next length that keeps every
-constraint; whenever verl's length is valid, ours is the same (it is the smallest valid length >= both).
+With ``fp8_recipe="mxfp8"`` the FP8 slots are ``lcm(32, base)`` (megatron-core's ``get_fp8_align_size``). Where
+these policies and verl's own results part: docs/design.md, "Intended differences".
 """
 
 from __future__ import annotations
@@ -145,9 +144,8 @@ def engine_thd_alignment(
     """``preprocess_thd_engine``'s padding (verl 0.9.1; ``fp8_recipe`` as verl adds it) as one ``Alignment``."""
     base = ctx.tp_size * ctx.cp_size * (2 if cp_layout == "zigzag" and ctx.cp_size > 1 else 1)
     slot_multiple, stream_multiple = base, base
-    block = fp8_block(fp8_recipe)
+    fp8 = fp8_alignment(base, fp8_recipe)  # the recipe is checked with or without FP8 padding
     if use_fp8_padding:
-        fp8 = Alignment.fp8(base, block=block)
         slot_multiple, stream_multiple = fp8.slot_multiple, fp8.stream_multiple
     min_stream_length = 0
     if min_local_rows is not None:

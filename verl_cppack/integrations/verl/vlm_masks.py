@@ -2,8 +2,9 @@
 
 verl (0.8+) calls them on every vision-language micro-batch: a jagged ``[B, j]`` batch of token ids becomes dense
 rows ``[B, S]`` (real tokens first, then ``pad_token_id``) and a bool mask ``[B, S]``, True at the real tokens.
-Here without a Python loop over rows: the tokens are copied into the rows by one ``index_copy_`` whose index is
-computed on the device from the offsets, and the mask is one comparison. The only host read is the longest
+Here without a Python loop over rows: the mask is one comparison of the positions with the lengths, and the
+tokens fill the rows where it is True, in order, with one ``masked_scatter_`` (the jagged values are the real
+tokens row after row, which is that order). The only host read is the longest
 sequence (``dropins.longest_sequence``: none when the micro-batch's plan already knows it, as after
 ``preprocess_thd_engine`` on the same ``input_ids``; none for ``build_vlm_attn_mask_bshd`` with
 ``forced_max_seqlen``).
@@ -56,22 +57,19 @@ def padded_rows(nested: torch.Tensor, row_length: int, pad_token_id: int | float
     bool, or ``[B, row_length, *]`` like the rows when the ids have trailing dimensions, as verl's). Every
     sequence must fit (``ValueError`` otherwise; on an accelerator a device-side assertion, no sync)."""
     values, offsets = nested.values(), nested.offsets()  # [N, *], [B+1]
-    batch_size, num_tokens, device = offsets.shape[0] - 1, values.shape[0], values.device
+    batch_size, trailing = offsets.shape[0] - 1, values.shape[1:]
     lengths = offsets.diff()  # [B]
     require_true(
         (lengths <= row_length).all(),
         f"every sequence must fit the rows of {row_length} tokens (forced_max_seqlen below the longest sequence "
         "would cut sequences); raise forced_max_seqlen",
     )
-    row_of_token = torch.repeat_interleave(torch.arange(batch_size, device=device), lengths, output_size=num_tokens)  # [N]
-    # [N] place of each token in the flat [B * row_length] rows: its row's start plus its offset in the sequence
-    flat = torch.arange(num_tokens, device=device) + (row_of_token * row_length - offsets[:-1].index_select(0, row_of_token))
-    trailing = values.shape[1:]
-    rows = values.new_full((batch_size * row_length, *trailing), pad_token_id).index_copy_(0, flat, values)
-    mask = torch.arange(row_length, device=device) < lengths.unsqueeze(1)  # [B, row_length]
+    mask = torch.arange(row_length, device=values.device) < lengths.unsqueeze(1)  # [B, row_length]
+    per_element = mask.view(batch_size, row_length, *(1,) * len(trailing))  # broadcast over trailing dims
+    rows = values.new_full((batch_size, row_length, *trailing), pad_token_id).masked_scatter_(per_element, values)
     if trailing:
-        mask = mask.view(batch_size, row_length, *(1,) * len(trailing)).expand(batch_size, row_length, *trailing)
-    return rows.view(batch_size, row_length, *trailing), mask
+        mask = per_element.expand(batch_size, row_length, *trailing)
+    return rows, mask
 
 
 def _build(input_ids: torch.Tensor, pad_token_id: object, longest: int | None, aligned: bool):
