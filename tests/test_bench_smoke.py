@@ -47,6 +47,19 @@ def test_report_files_and_readme_section(rows, tmp_path):
     assert "old" not in text and text.endswith(f"{SECTION_END}\ntail\n") and "| 64 | 2 | 8 |" in text
 
 
+def test_the_vlm_mask_builders_are_measured_at_cp_1():
+    """At CP=1 each point also times verl's VLM mask builders against the drop-ins: verl_cppack's ATen ops do not
+    grow with B and it reads the host once per call; verl's reads grow with B. Its table follows the main one."""
+    vlm_rows = run_benchmark(BenchSettings(batch_sizes=(8, 32), seq_lens=(64,), cp_sizes=(1,), repeats=1, runs=2, warmup=0))
+    for builder in ("thd", "bshd"):
+        small, large = (row["vlm_masks"][builder] for row in vlm_rows)
+        assert small["verl_cppack"]["aten_ops"] == large["verl_cppack"]["aten_ops"]
+        assert small["verl_cppack"]["host_syncs"] == large["verl_cppack"]["host_syncs"] == 1
+        assert small["verl"]["host_syncs"] < large["verl"]["host_syncs"]
+    section = performance_section(vlm_rows, BenchSettings(repeats=1), None)
+    assert "VLM mask builders" in section and "| 64 | 32 |" in section
+
+
 def test_times_of_several_runs_are_their_medians_and_counts_come_from_the_first():
     from verl_cppack.bench.verl_step import _median_over_runs
 

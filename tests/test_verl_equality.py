@@ -9,9 +9,8 @@ the tensors verl sends through them: token ids, labels, bool label masks, ``[B,S
 ``[B,S,L,k]`` uint8 router indices, ``[B,S,H]`` bf16 embeddings. The gather-back is compared in values,
 dtype and the local gradient. Differences are collected as strings so one run reports all of them.
 
-Known, intended differences (verl is not right there; see tests/test_verl_fixes.py):
-- ``need_roll`` at the last real token of each sequence (we wrap to the sequence's first token);
-- ``preprocess_thd_engine`` position ids at padding (we give 0 everywhere at padding).
+The intended differences (docs/design.md, "Intended differences") are left out of the comparison: ``need_roll``
+labels are compared at every position whose target is not the wrapped one, position ids at real tokens.
 """
 
 from __future__ import annotations

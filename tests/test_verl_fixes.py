@@ -1,7 +1,7 @@
 """Where verl 0.9.1 is wrong, the drop-ins are right: checked against the slow pure-Python oracle.
 
-Integer 0/1 attention masks, short sequences under CP, FP8 padding under CP, ``need_roll`` at the end of a
-sequence, dtype of nested CP outputs, multi-dimensional trailing dims, stream lengths that verl would leave
+Integer 0/1 attention masks, short sequences under CP, FP8 (and MXFP8) padding under CP, ``need_roll`` at the end
+of a sequence, dtype of nested CP outputs, multi-dimensional trailing dims, stream lengths that verl would leave
 unaligned (``min_local_rows`` / ``pad_to_length_bucket``), and clear errors for bad input.
 """
 
@@ -89,8 +89,20 @@ def fixes_checks(cp: int, rank: int) -> list[str]:
     back = ours.postprocess_packed_seqs(packed_fp8.float(), params_fp8, bool_mask, *bool_mask.shape)
     check("fp8: gather-back", torch.equal(back, (x * bool_mask[..., None, None]).float()))
 
+    # MXFP8 (verl's fp8_recipe="mxfp8") under CP: slots to lcm(32, 2*cp), the stream to 2*cp*128, exact round trip
+    packed_mx, params_mx = ours.preprocess_packed_seqs(x, bool_mask, use_fp8_padding=True, fp8_recipe="mxfp8")
+    expected_mx, cu_mx = _expected_local(SHORT_MASK, x, math.lcm(32, slot), slot * 128, cp, rank)
+    check("mxfp8: packed rows", torch.equal(packed_mx, expected_mx))
+    check("mxfp8: cu_seqlens_padded", params_mx.cu_seqlens_q_padded.tolist() == cu_mx)
+    back = ours.postprocess_packed_seqs(packed_mx.float(), params_mx, bool_mask, *bool_mask.shape)
+    check("mxfp8: gather-back", torch.equal(back, (x * bool_mask[..., None, None]).float()))
+
     # nested engine path: need_roll wraps inside each sequence, dtypes kept through the gather-back
     nested = torch.nested.nested_tensor([row[keep] for row, keep in zip(x, bool_mask)], layout=torch.jagged)
+    local_mx, params_thd_mx, _ = ours.preprocess_thd_engine(nested, use_fp8_padding=True, fp8_recipe="mxfp8")
+    check("mxfp8 nested: cu_seqlens_padded", params_thd_mx.cu_seqlens_q_padded.tolist() == cu_mx)
+    back = ours.postprocess_thd_engine(local_mx, params_thd_mx, nested, nested.size(0))
+    check("mxfp8 nested: round trip", torch.equal(back.values(), nested.values()))
     rolled, _, _ = ours.preprocess_thd_engine(nested, need_roll=True)
     check("need_roll: successor inside the sequence", torch.equal(rolled, _rolled_expected(SHORT_MASK, x, slot, cp, rank)))
     local, params_thd, _ = ours.preprocess_thd_engine(nested)

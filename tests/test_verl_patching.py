@@ -5,6 +5,8 @@ Activation through ``VERL_USE_EXTERNAL_MODULES`` is checked in a fresh interpret
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.metadata
 import json
 import os
@@ -103,6 +105,7 @@ def patch_checks() -> dict:
     calls: Counter = Counter()
 
     def counting(name, function):
+        @functools.wraps(function)  # the signature the patch compares stays the drop-in's
         def wrapper(*args, **kwargs):
             calls[name] += 1
             return function(*args, **kwargs)
@@ -110,12 +113,16 @@ def patch_checks() -> dict:
         return wrapper
 
     saved = dict(patching.DROPINS)
-    patching.DROPINS.update({name: counting(name, f) for name, f in saved.items()})
+    patching.DROPINS.update({
+        name: tuple(dataclasses.replace(dropin, function=counting(name, dropin.function)) for dropin in variants)
+        for name, variants in saved.items()
+    })  # fmt: skip
+    ours = [dropin.function for variants in patching.DROPINS.values() for dropin in variants]
     try:
         assert patching.install() and patching.install()  # idempotent
         covered = patching.status()["covered"]
         bound_to_ours = {
-            name: sorted(attr for attr, value in vars(module).items() if any(value is f for f in patching.DROPINS.values()))
+            name: sorted(attr for attr, value in vars(module).items() if any(value is f for f in ours))
             for name, module in modules.items()
         }
         patched = _run_forwards(model_forward, model, seed=3)

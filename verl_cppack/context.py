@@ -5,7 +5,7 @@ Built by hand, or read from megatron-core by ``integrations.megatron.parallel_co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -16,18 +16,56 @@ def _require_positive_int(name: str, value: object) -> None:
         raise ValueError(f"{name} must be >= 1, got {value}")
 
 
+_NOT_A_GROUP = (str, bytes, int, float, complex)  # never a process group, whatever torch.distributed would answer
+
+
+def group_size_and_rank(cp_group: object) -> tuple[int, int]:
+    """``(size, this process's rank)`` of ``cp_group`` as ``torch.distributed`` answers them — the module as the
+    caller's process has it (a test that stands in its own ``get_world_size`` / ``get_rank`` is asked too).
+
+    A group is whatever ``torch.distributed`` accepts as one: its failure to answer becomes a ``TypeError``
+    naming ``cp_group``; a string or a number is refused before it is asked.
+    """
+    if isinstance(cp_group, _NOT_A_GROUP):
+        raise TypeError(
+            f"cp_group must be a torch.distributed.ProcessGroup (or an object torch.distributed accepts as a group) "
+            f"or None, got {type(cp_group).__name__} ({cp_group!r}); e.g. torch.distributed.group.WORLD after "
+            "init_process_group"
+        )
+    import torch.distributed as dist
+
+    try:
+        size, rank = dist.get_world_size(group=cp_group), dist.get_rank(group=cp_group)
+    except Exception as error:  # noqa: BLE001 - whatever torch.distributed raises, the answer is "not a group"
+        raise TypeError(
+            f"cp_group must be a torch.distributed.ProcessGroup (or an object torch.distributed accepts as a group) "
+            f"or None; torch.distributed could not tell the size and rank of {type(cp_group).__name__} "
+            f"({cp_group!r}): {type(error).__name__}: {error}"
+        ) from error
+    if isinstance(size, bool) or isinstance(rank, bool) or not isinstance(size, int) or not isinstance(rank, int):
+        raise TypeError(
+            f"cp_group: torch.distributed answered size {size!r} and rank {rank!r} for {type(cp_group).__name__}, "
+            "not integers; pass a process group"
+        )
+    return size, rank
+
+
 @dataclass(frozen=True)
 class ParallelContext:
     """Tensor- and context-parallel sizes of the calling rank.
 
     ``cp_group`` is the process group the CP ranks all-gather over; it may stay ``None`` while
-    ``cp_size == 1`` (nothing is communicated) and must be set before a collective with ``cp_size > 1``.
+    ``cp_size == 1`` (nothing is communicated) and must be set before a collective with ``cp_size > 1``. It is
+    checked by behaviour when the context is made: ``torch.distributed`` must tell its size and this process's
+    rank in it (``group_size_and_rank``); ``check_group`` compares them with ``cp_size`` / ``cp_rank``.
     """
 
     tp_size: int = 1
     cp_size: int = 1
     cp_rank: int = 0
     cp_group: Any = None
+    # (size, rank) torch.distributed gave for cp_group when the context was made; None without a group
+    group_answer: tuple[int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _require_positive_int("tp_size", self.tp_size)
@@ -39,24 +77,14 @@ class ParallelContext:
                 f"cp_rank must satisfy 0 <= cp_rank < cp_size, got cp_rank={self.cp_rank}, cp_size={self.cp_size}"
             )
         if self.cp_group is not None:
-            import torch.distributed as dist
-
-            if not dist.is_available() or not isinstance(self.cp_group, dist.ProcessGroup):
-                raise TypeError(
-                    f"cp_group must be a torch.distributed.ProcessGroup or None, got {type(self.cp_group).__name__} "
-                    f"({self.cp_group!r}); e.g. torch.distributed.group.WORLD after init_process_group"
-                )
+            object.__setattr__(self, "group_answer", group_size_and_rank(self.cp_group))
 
     def check_group(self) -> None:
-        """``ValueError`` unless ``cp_group`` has ``cp_size`` ranks with this process at ``cp_rank`` (checked
-        when a group is set and torch.distributed is initialised; a few microseconds, no communication)."""
-        if self.cp_group is None:
+        """``ValueError`` unless ``cp_group`` has ``cp_size`` ranks with this process at ``cp_rank`` (as
+        ``torch.distributed`` answered when the context was made; no communication)."""
+        if self.group_answer is None:
             return
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            return
-        group_size, group_rank = dist.get_world_size(self.cp_group), dist.get_rank(self.cp_group)
+        group_size, group_rank = self.group_answer
         if group_size != self.cp_size or group_rank != self.cp_rank:
             raise ValueError(
                 f"ctx.cp_group has size {group_size} and this process is its rank {group_rank}, but ctx says "

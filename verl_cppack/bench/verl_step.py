@@ -9,7 +9,8 @@ each repeat pays for one plan, as a new micro-batch would.
 
 Also measured: ATen op count, device->host syncs, peak extra memory (bytes allocated inside the step),
 padding overhead (padded / real tokens) per alignment policy, CP load balance (max / mean causal-attention
-work per rank) per layout, and ``pack`` against one ``index_select`` of the same bytes.
+work per rank) per layout, ``pack`` against one ``index_select`` of the same bytes, and at CP=1 verl's VLM mask
+builders against the drop-ins (``bench.vlm_masks``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import torch.distributed as dist
 from verl_cppack.bench.batches import rollout_batch
 from verl_cppack.bench.counters import OpCounter, HostReadCounter
 from verl_cppack.bench.host_allocator import keep_freed_memory
+from verl_cppack.bench.vlm_masks import measure_vlm_masks, missed_targets, vlm_summary, vlm_table
+from verl_cppack.bench.vlm_masks import median_over_runs as vlm_median_over_runs
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import require_int
@@ -233,6 +236,10 @@ def _rank_main(rank: int, cp_size: int, port: int, settings: BenchSettings, queu
                             "pack_over_index_select": _pack_vs_index_select(input_ids, mask, cp_size, settings.repeats),
                         }
                     )
+                    if cp_size == 1:  # the builders communicate nothing: CP only rounds their rows
+                        rows[-1]["vlm_masks"] = measure_vlm_masks(
+                            verl_util, ours, input_ids, mask, settings.repeats, settings.warmup
+                        )
         if rank == 0:
             queue.put(rows)
     finally:
@@ -278,6 +285,8 @@ def _median_over_runs(point_runs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
         row[impl] = {**row[impl], **{t: statistics.median(run[impl][t] for run in point_runs) for t in TIMINGS}}
     for key in ("preprocess_copies_ms", "pack_over_index_select"):
         row[key] = statistics.median(run[key] for run in point_runs)
+    if "vlm_masks" in row:
+        row["vlm_masks"] = vlm_median_over_runs([run["vlm_masks"] for run in point_runs])
     return row
 
 
@@ -381,7 +390,7 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
                 )
     worst_pack = max(row["pack_over_index_select"] for row in rows)
     lines.append(f"- `pack` takes at most {worst_pack:.2f}× the time of one `index_select` of the same bytes.")
-    return lines
+    return lines + vlm_summary(rows)
 
 
 def generated_section_text(document: Path) -> str:
@@ -407,6 +416,8 @@ def write_outputs(rows: list[dict[str, Any]], settings: BenchSettings, output: P
     output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(json.dumps({"settings": asdict(settings), "rows": rows}, indent=1))
     table = markdown_table(rows)
+    if any("vlm_masks" in row for row in rows):
+        table += "\n\n" + vlm_table(rows)
     (output / "table.md").write_text(table + "\n")
     paths = {"json": output / "results.json", "table": output / "table.md"}
     png = plot(rows, output / "speedup.png")
@@ -430,6 +441,9 @@ def performance_section(rows: list[dict[str, Any]], settings: BenchSettings, plo
     if plot_path:
         parts += [f"![speed-up]({plot_path})", ""]
     parts.append(markdown_table(rows))
+    if any("vlm_masks" in row for row in rows):
+        parts += ["", "VLM mask builders (CP=1, one call each, verl_cppack's plan cache cleared before every call):", "",
+                  vlm_table(rows)]  # fmt: skip
     return "\n".join(parts)
 
 
@@ -463,5 +477,5 @@ def check_targets(rows: list[dict[str, Any]]) -> list[str]:
                 )
             if r["postprocess"] < 3:
                 missed.append(f"B=256 S={row['seq_len']} CP={row['cp_size']}: postprocess only {r['postprocess']:.1f}×")
-    return missed
+    return missed + missed_targets(rows)
 

@@ -19,6 +19,7 @@ from verl_cppack.bench.verl_step import (
     update_generated_section,
     write_outputs,
 )
+from verl_cppack.bench.vlm_masks import vlm_table
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     rows = run_benchmark(settings)
     print(markdown_table(rows))
+    if any("vlm_masks" in row for row in rows):
+        print(vlm_table(rows))
     print("\n".join(summary_lines(rows)))
     paths = write_outputs(rows, settings, output)
     print("wrote " + ", ".join(str(p) for p in paths.values()))

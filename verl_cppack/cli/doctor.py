@@ -1,8 +1,10 @@
 """``verl-cppack doctor``: versions, the verl util API generation, and whether (and where) the patch is in.
 
-By default nothing heavy is imported: versions come from package metadata and the verl API generation from
-the source of ``verl/models/mcore/util.py`` (read with ``ast``). ``--verify`` installs the patch in this
-process, imports verl's caller modules and lists which of them now hold the drop-ins.
+By default nothing heavy is imported: versions come from package metadata, and the verl API generation and which
+of verl's packing functions the drop-ins stand in for (and why any is left to verl: a parameter the drop-in does
+not know) from the source of ``verl/models/mcore/util.py``, read with ``ast``. ``--verify`` installs the patch in
+this process, imports verl's caller modules and lists which of them now hold the drop-ins; it exits 1 when a
+packing function is left to verl, a caller is not covered or a CPU fix is refused.
 """
 
 from __future__ import annotations
@@ -57,19 +59,25 @@ def util_source_path() -> Path | None:
 
 
 def generation_from_source(path: Path) -> dict[str, Any]:
-    """The API generation (see ``patching.detect_generation``) and the util names, read from source."""
-    tree = ast.parse(path.read_text())
-    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
-    if "preprocess_thd_engine" in functions:
-        generation = "engine"
-    elif "preprocess_thd_no_padding" in functions:
-        arguments = {a.arg for a in functions["preprocess_thd_no_padding"].args.args}
-        generation = "no_padding" if "use_fp8_padding" in arguments else "no_padding_pair"
-    else:
-        generation = "legacy"
-    from verl_cppack.integrations.verl.patching import DROPINS
+    """Read from util's source: the API generation (``patching.detect_generation``), the packing functions the
+    drop-ins stand in for (``replaceable``) and those left to verl with the reason (``left_to_verl``), as
+    ``install`` would decide them (``patching.plan_replacements``)."""
+    from verl_cppack.integrations.verl.patching import DROPINS, detect_generation, plan_replacements
+    from verl_cppack.integrations.verl.signatures import VerlFunction
 
-    return {"generation": generation, "util": str(path), "replaceable": sorted(set(DROPINS) & set(functions))}
+    tree = ast.parse(path.read_text())
+    functions = {
+        node.name: VerlFunction.from_source(node)
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name in DROPINS
+    }
+    chosen, left = plan_replacements(functions)
+    return {
+        "generation": detect_generation(functions),
+        "util": str(path),
+        "replaceable": sorted(chosen),
+        "left_to_verl": dict(sorted(left.items())),
+    }
 
 
 def cpu_fix_report(verify: bool) -> list[dict[str, Any]]:
@@ -136,11 +144,15 @@ def _print_human(report: dict[str, Any]) -> None:
     else:
         print(f"verl util API generation: {util['generation']}  ({util['util']})")
         print(f"  replaceable names: {', '.join(util['replaceable'])}")
+        for name, reason in util["left_to_verl"].items():
+            print(f"  left to verl: {name} ({reason})")
     print("environment: " + ", ".join(f"{k}={v!r}" for k, v in report["environment"].items()))
     patch = report["patch"]
     print(f"patch installed in this process: {patch['installed']} (generation {patch['generation']})")
     for module, names in patch["covered"].items():
         print(f"  {module}: {', '.join(names)}")
+    for name, reason in patch.get("left_to_verl", {}).items():
+        print(f"  left to verl in this process: {name} ({reason})")
     for module, error in report.get("import_errors", {}).items():
         print(f"  could not import {module}: {error}")
     print("CPU support for verl's trainer (armed by VERL_PLATFORM=cpu; --verify applies it here):")
@@ -167,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
             if module not in report["patch"]["covered"] and module not in report["import_errors"]
         ]
         refused = [row["name"] for row in report["cpu_fixes"] if row["state"] != "applied"]
-        return 1 if util is None or missing or refused or not report["patch"]["installed"] else 0
+        left = report["patch"].get("left_to_verl") or (util or {}).get("left_to_verl")
+        return 1 if util is None or missing or refused or left or not report["patch"]["installed"] else 0
     return 0
 
 

@@ -19,7 +19,8 @@ FP8_STREAM_FACTOR = 128
 class Alignment:
     """Padding policy of a packed stream.
 
-    Every slot (one sequence's storage) is padded up to a multiple of ``slot_multiple``; then the last
+    Every slot (one sequence's storage) is padded up to a multiple of ``slot_multiple``, and to at least
+    ``min_slot_length`` (an empty sequence then still owns a slot of padding); then the last
     slot is extended so the stream total is a multiple of ``stream_multiple`` and at least
     ``min_stream_length``. The extension always belongs to a slot (never floats outside every slot),
     and ``stream_multiple`` is a multiple of ``slot_multiple`` so the extended slot stays aligned.
@@ -28,12 +29,18 @@ class Alignment:
     slot_multiple: int = 1
     stream_multiple: int = 1
     min_stream_length: int = 0
+    min_slot_length: int = 0
 
     def __post_init__(self) -> None:
         # Bounded before any arithmetic: with lengths and multiples below 2**31, padding never overflows int64.
         require_stream_int("slot_multiple", self.slot_multiple, minimum=1)
         require_stream_int("stream_multiple", self.stream_multiple, minimum=1)
         require_stream_int("min_stream_length", self.min_stream_length, minimum=0)
+        require_stream_int("min_slot_length", self.min_slot_length, minimum=0)
+        if self.min_slot_length % self.slot_multiple:
+            raise ValueError(
+                f"min_slot_length ({self.min_slot_length}) must be a multiple of slot_multiple ({self.slot_multiple})"
+            )
         if self.stream_multiple % self.slot_multiple:
             raise ValueError(
                 f"stream_multiple ({self.stream_multiple}) must be a multiple of slot_multiple "
@@ -46,16 +53,26 @@ class Alignment:
         return cls(slot_multiple=multiple, stream_multiple=multiple)
 
     @classmethod
+    def rows(cls, length: int) -> "Alignment":
+        """Every slot exactly ``length`` long, an empty sequence's too (BSHD rows; a longer sequence gets a longer
+        slot, which callers that need rows refuse)."""
+        return cls(slot_multiple=length, stream_multiple=length, min_slot_length=length)
+
+    @classmethod
     def per_stream(cls, multiple: int) -> "Alignment":
         """Pad only the stream total to ``multiple`` (contiguous layout / CP=1 only)."""
         return cls(slot_multiple=1, stream_multiple=multiple)
 
     @classmethod
-    def fp8(cls, base_multiple: int) -> "Alignment":
-        """verl's FP8 policy: slots to ``lcm(16, base)``, stream total to ``base * 128``."""
+    def fp8(cls, base_multiple: int, block: int = FP8_SLOT_MULTIPLE) -> "Alignment":
+        """verl's FP8 policy: slots to ``lcm(block, base)``, stream total to ``base * 128``. ``block``: tokens per
+        quantisation block, 16 (FP8 GEMMs) or 32 (MXFP8)."""
         require_int("base_multiple", base_multiple, minimum=1)
+        require_int("block", block, minimum=1)
+        if FP8_STREAM_FACTOR % block:
+            raise ValueError(f"block must divide {FP8_STREAM_FACTOR} (16 for FP8, 32 for MXFP8), got {block}")
         return cls(
-            slot_multiple=math.lcm(FP8_SLOT_MULTIPLE, base_multiple),
+            slot_multiple=math.lcm(block, base_multiple),
             stream_multiple=base_multiple * FP8_STREAM_FACTOR,
         )
 
@@ -64,7 +81,7 @@ class Alignment:
         stream extension goes to the last slot."""
         seqlens = np.asarray(seqlens, dtype=np.int64)
         multiple = self.slot_multiple
-        slot_lengths = -(-seqlens // multiple) * multiple
+        slot_lengths = np.maximum(-(-seqlens // multiple) * multiple, self.min_slot_length)
         total = int(slot_lengths.sum())
         stream = self.stream_multiple
         target = max(-(-total // stream) * stream, -(-self.min_stream_length // stream) * stream)

@@ -9,13 +9,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from verl_cppack.context import ParallelContext
+from verl_cppack.core.runs import repeat_runs
 
 if TYPE_CHECKING:
     from verl_cppack.packing.plan import PackPlan
@@ -98,30 +101,87 @@ def packed_seq_params_arguments(
     return cls, {name: value for name, value in values.items() if packed_seq_params_accepts(cls, name)}
 
 
-# plan -> {(real_seqlens_in_attention, class): (class, kwargs)}: the keyword arguments are worked out once per plan
-# (the drop-ins ask for every micro-batch's params); a plan that is dropped takes its entry with it.
+# Fields megatron-core added after 0.16 (0.17: total_tokens, seq_idx; 0.19: tokens_per_sample, pad_between_seqs).
+# They are set on the made object, never passed to the class: megatron's __post_init__ would derive seq_idx from
+# total_tokens with a repeat_interleave that reads the lengths back to the host.
+LATER_FIELDS = ("total_tokens", "seq_idx", "tokens_per_sample", "pad_between_seqs")
+
+
+def packed_seq_params_later_fields(
+    plan: "PackPlan", cls: type, *, real_seqlens_in_attention: bool = False, include_total_tokens: bool = False
+) -> dict[str, Any]:
+    """The later fields of ``plan``'s ``PackedSeqParams`` of class ``cls``, computed without a host sync:
+
+    - ``pad_between_seqs`` (a field of ``cls``): what Transformer Engine would otherwise compute in every attention
+      layer with a ``torch.equal`` — whether ``cu_seqlens_q/kv`` differ from the padded offsets before the last;
+    - ``tokens_per_sample`` (a field of ``cls``): this rank's row length ``T / CP``, the packed micro-batch being one
+      sample (megatron-core's own packed batches set it to the rank's padded row length);
+    - with ``include_total_tokens`` (``cls`` must accept both): ``total_tokens`` = ``T``, the global padded stream
+      length, and ``seq_idx`` ``[1, T]`` int32, the sequence owning every global position — megatron-core's
+      ``__post_init__`` result for that ``total_tokens``, with which hybrid Mamba layers reset their state.
+    """
+    fields = packed_seq_params_fields(cls)
+    later: dict[str, Any] = {}
+    tables = plan.tables
+    if "pad_between_seqs" in fields:
+        later["pad_between_seqs"] = bool(
+            real_seqlens_in_attention and (tables.cu_seqlens[:-1] != tables.cu_seqlens_padded[:-1]).any()
+        )
+    if "tokens_per_sample" in fields:
+        later["tokens_per_sample"] = plan.local_length
+    if include_total_tokens:
+        missing = [name for name in ("total_tokens", "seq_idx") if not packed_seq_params_accepts(cls, name)]
+        if missing:
+            raise ValueError(
+                f"include_total_tokens=True needs PackedSeqParams fields {', '.join(missing)}, which "
+                f"{cls.__module__}.{cls.__qualname__} lacks (megatron-core 0.17 added them); pass "
+                "include_total_tokens=False or upgrade megatron-core"
+            )
+        later["total_tokens"] = plan.total_length
+        slots = np.arange(plan.batch_size)
+        later["seq_idx"] = repeat_runs(slots, tables.seqlens_padded, plan.total_length, plan.device, torch.int32)[None]
+    return later
+
+
+# plan -> {(real_seqlens_in_attention, include_total_tokens, class): (class, kwargs, later fields)}: worked out once
+# per plan (the drop-ins ask for every micro-batch's params); a plan that is dropped takes its entry with it.
 _ARGUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def packed_seq_params(plan: "PackPlan", *, real_seqlens_in_attention: bool = False) -> Any:
-    """A new Megatron ``PackedSeqParams`` (THD) for ``plan`` per call (see ``packed_seq_params_arguments``)."""
-    key = (real_seqlens_in_attention, packed_seq_params_class())  # the class as megatron holds it now
+def packed_seq_params(
+    plan: "PackPlan", *, real_seqlens_in_attention: bool = False, include_total_tokens: bool = False
+) -> Any:
+    """A new Megatron ``PackedSeqParams`` (THD) for ``plan`` per call: ``packed_seq_params_arguments`` passed to the
+    class, then ``packed_seq_params_later_fields`` set on the object."""
+    cls = packed_seq_params_class()  # the class as megatron holds it now
+    key = (real_seqlens_in_attention, include_total_tokens, cls)
     per_plan = _ARGUMENTS.setdefault(plan, {})
     arguments = per_plan.get(key)
     if arguments is None:
-        arguments = packed_seq_params_arguments(plan, real_seqlens_in_attention=real_seqlens_in_attention)
-        per_plan[key] = arguments
-    cls, kwargs = arguments
-    return cls(**kwargs)
+        cls, kwargs = packed_seq_params_arguments(plan, real_seqlens_in_attention=real_seqlens_in_attention)
+        later = packed_seq_params_later_fields(
+            plan, cls, real_seqlens_in_attention=real_seqlens_in_attention, include_total_tokens=include_total_tokens
+        )
+        arguments = per_plan[key] = (cls, kwargs, later)
+    cls, kwargs, later = arguments
+    params = cls(**kwargs)
+    for name, value in later.items():
+        setattr(params, name, value)
+    return params
 
 
-# (CP group, TP group, TP-size override) -> context: a process group's size and this rank's place in it never
-# change, so the context is built once per group; new groups (a re-initialised parallel state) are new keys.
-_CONTEXTS: dict[tuple[Any, Any, Any], ParallelContext] = {}
+# (TP size, CP size, CP rank, id of the CP group) -> (the group, its context): a context is built (and its group
+# checked) once per distinct answer of megatron's getters; a re-initialised parallel state gives new groups.
+_CONTEXTS: dict[tuple[int, int, int, int], tuple[Any, ParallelContext]] = {}
+
+PARALLEL_STATE = "megatron.core.parallel_state"
 
 
-@functools.lru_cache(maxsize=1)
-def _parallel_state() -> Any:
+def parallel_state_module() -> Any:
+    """``megatron.core.parallel_state`` as this process holds it now (a stand-in put in ``sys.modules`` too)."""
+    module = sys.modules.get(PARALLEL_STATE)
+    if module is not None:
+        return module
     try:
         from megatron.core import parallel_state
     except ImportError as error:
@@ -129,31 +189,33 @@ def _parallel_state() -> Any:
     return parallel_state
 
 
+_NOT_INITIALISED = (
+    "megatron.core.parallel_state is not initialised{detail}; call parallel_state.initialize_model_parallel(...) "
+    "first or build ParallelContext(tp_size=..., cp_size=..., cp_rank=..., cp_group=...) yourself"
+)
+
+
 def parallel_context_from_megatron() -> ParallelContext:
-    """The context of ``megatron.core.parallel_state``; called by every drop-in, so the common case (groups
-    seen before) reads three module values and one dict."""
-    mpu = _parallel_state()
-    # Group identities and megatron's TP-size override: reading them asks no process group anything.
-    key = (
-        mpu.get_context_parallel_group(check_initialized=False),
-        mpu.get_tensor_model_parallel_group(check_initialized=False),
-        getattr(mpu, "_MPU_TENSOR_MODEL_PARALLEL_WORLD_SIZE", None),
-    )
-    context = _CONTEXTS.get(key)
-    if context is None:
-        if not mpu.model_parallel_is_initialized() or key[0] is None:
-            raise ValueError(
-                "megatron.core.parallel_state is not initialised; call parallel_state.initialize_model_parallel(...) "
-                "first or build ParallelContext(tp_size=..., cp_size=..., cp_rank=..., cp_group=...) yourself"
-            )
+    """The context verl's util functions read: TP size, CP size, CP rank and (CP > 1) the CP group, asked of
+    ``megatron.core.parallel_state`` through the same four getters verl calls, on every call (a test that
+    stands in its own getters, as verl's tests do, is read the same way). The context is made once per answer."""
+    mpu = parallel_state_module()
+    try:
+        tp_size = mpu.get_tensor_model_parallel_world_size()
         cp_size = mpu.get_context_parallel_world_size()
-        context = ParallelContext(
-            tp_size=mpu.get_tensor_model_parallel_world_size(),
-            cp_size=cp_size,
-            cp_rank=mpu.get_context_parallel_rank(),
-            cp_group=key[0] if cp_size > 1 else None,
-        )
-        if len(_CONTEXTS) >= 16:  # groups of torn-down parallel states: let them go
-            _CONTEXTS.clear()
-        _CONTEXTS[key] = context
+        cp_rank = mpu.get_context_parallel_rank()
+        cp_group = mpu.get_context_parallel_group() if isinstance(cp_size, int) and cp_size > 1 else None
+    except (AssertionError, AttributeError, RuntimeError, ValueError) as error:  # megatron asserts when uninitialised
+        raise ValueError(_NOT_INITIALISED.format(detail=f" ({type(error).__name__}: {error})")) from error
+    if cp_size == 0:  # megatron's answer while torch.distributed is not initialised
+        raise ValueError(_NOT_INITIALISED.format(detail=" (context parallel world size 0)"))
+    key = (tp_size, cp_size, cp_rank, id(cp_group))
+    found = _CONTEXTS.get(key)
+    if found is not None and found[0] is cp_group:
+        return found[1]
+    context = ParallelContext(tp_size=tp_size, cp_size=cp_size, cp_rank=cp_rank, cp_group=cp_group)
+    context.check_group()
+    if len(_CONTEXTS) >= 16:  # groups of torn-down parallel states: let them go
+        _CONTEXTS.clear()
+    _CONTEXTS[key] = (cp_group, context)
     return context

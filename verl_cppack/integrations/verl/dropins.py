@@ -1,23 +1,16 @@
-"""Drop-in replacements for ``verl.models.mcore.util``: verl's signatures and return conventions, the core plan inside.
+"""Drop-in replacements for ``verl.models.mcore.util``'s packing functions: verl's signatures and return
+conventions, the core plan inside (the VLM mask builders: ``vlm_masks``; the names of older releases:
+``release_names``).
 
 Every function reads TP/CP from ``megatron.core.parallel_state`` as verl does, builds (or reuses) one
 ``PackPlan`` and applies it: ``pack`` for the preprocess side, ``unpack`` / ``unpack_nested`` (one
 all-gather, gradient only into this rank's chunk — verl's contract) for the postprocess side.
 
-Equal to verl 0.9.1 wherever verl is right (values, dtypes, ``PackedSeqParams`` fields, gradients); where it
-is not, these functions do the right thing:
-
-- integer (0/1) attention masks select the tokens where the mask is 1 (verl indexes positions 0 and 1);
-- trailing dimensions (``[B, S, 3]`` position ids, ``[B, S, L, k]`` router indices, ``[B, S, H]``
-  embeddings) pass through every path, dtypes are kept (no float32 upcast of nested CP outputs);
-- short sequences and FP8 padding under CP follow the core's exact layout;
-- ``need_roll`` wraps *inside each sequence* on every path and CP size: the last real token's target is the
-  sequence's own first token (verl gives padding, the next sequence's first token at CP=1, or the first
-  token, depending on layout and rank). Every other position is equal to verl.
-- position ids returned by ``preprocess_thd_engine`` are the offset inside the sequence at real tokens and
-  0 at padding (verl leaves slot offsets in the padding of the first zigzag chunk only); with ``need_roll``
-  they stay the positions of the rows themselves (verl's are rolled, except at chunk ends; every caller
-  discards them).
+Equal to verl's own functions (values, dtypes, ``PackedSeqParams`` fields, gradients) except where listed in
+docs/design.md, "Intended differences" — the one list of them, per verl release. Keywords verl is adding:
+``fp8_recipe`` (MXFP8 pads slots to ``lcm(32, base)``) and ``include_total_tokens`` (``PackedSeqParams.total_tokens``
+and ``seq_idx``); the ``PackedSeqParams`` fields newer megatron-core names are set when the class has them
+(``integrations.megatron.packed_seq_params_later_fields``).
 
 Cost: one device->host sync the first time a mask (or a nested batch's offsets) is seen — the plan is then
 reused by every call of the micro-batch (inputs, labels, masks, the gather-backs); no Python loop over
@@ -37,9 +30,13 @@ from verl_cppack.core.checks import require_jagged, require_tensor
 from verl_cppack.integrations import megatron
 from verl_cppack.integrations.verl.plan_cache import SourceSnapshot, TensorKeyedCache, attach_plan, attached_plan
 from verl_cppack.integrations.verl.policies import (
+    check_include_total_tokens,
     check_layout,
+    dynamic_cp_context,
     engine_bshd_row_length,
     engine_thd_alignment,
+    fp8_alignment,
+    fp8_block,
     megatron_context,
 )
 from verl_cppack.packing.builders import plan_from_lengths, plan_from_mask, plan_from_nested
@@ -58,17 +55,14 @@ def _check_mask(attention_mask: object) -> torch.Tensor:
     return mask
 
 
-def _mask_entry(
-    attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment | None, fp8: bool
-) -> tuple[PackPlan, SourceSnapshot]:
-    key = (ctx, alignment, fp8)
+def _mask_entry(attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment) -> tuple[PackPlan, SourceSnapshot]:
     return _MASK_PLANS.entry(
-        attention_mask, key, lambda: plan_from_mask(attention_mask, ctx, alignment=alignment, fp8=fp8)
+        attention_mask, (ctx, alignment), lambda: plan_from_mask(attention_mask, ctx, alignment=alignment)
     )
 
 
-def _mask_plan(attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment | None, fp8: bool) -> PackPlan:
-    return _mask_entry(attention_mask, ctx, alignment, fp8)[0]
+def _mask_plan(attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment) -> PackPlan:
+    return _mask_entry(attention_mask, ctx, alignment)[0]
 
 
 def _check_nested(name: str, value: object) -> torch.Tensor:
@@ -88,8 +82,18 @@ def _nested_plan(nested: torch.Tensor, ctx: ParallelContext, layout: str, alignm
     return _nested_entry(nested, ctx, layout, alignment)[0]
 
 
-def _packed_seq_params(plan: PackPlan, snapshot: SourceSnapshot) -> Any:
-    return attach_plan(megatron.packed_seq_params(plan), plan, snapshot)
+def longest_sequence(nested: torch.Tensor) -> int:
+    """The longest sequence of a jagged batch: from a plan already made for its offsets (no sync), else one read."""
+    offsets = nested.offsets()
+    planned = _NESTED_PLANS.find(offsets, lambda value: isinstance(value, PackPlan))
+    if planned is not None:
+        return planned.max_seqlen
+    return _NESTED_PLANS.get_or_build(offsets, "longest", lambda: int(offsets.diff().max()))
+
+
+def _packed_seq_params(plan: PackPlan, snapshot: SourceSnapshot, include_total_tokens: bool = False) -> Any:
+    params = megatron.packed_seq_params(plan, include_total_tokens=include_total_tokens)
+    return attach_plan(params, plan, snapshot)
 
 
 def _require_same_stream(plan: PackPlan, packed_seq_params: Any) -> PackPlan:
@@ -119,13 +123,31 @@ def _replan(packed_seq_params: Any, candidates: list[tuple[ParallelContext, Any]
 
 
 # ============================================================ padded (legacy) API
+def _legacy_base(ctx: ParallelContext) -> int:
+    return ctx.tp_size * ctx.cp_size * 2 if ctx.cp_size > 1 else ctx.tp_size
+
+
 def preprocess_packed_seqs(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, pre_process: bool = True, use_fp8_padding: bool = False
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    pre_process: bool = True,
+    use_fp8_padding: bool = False,
+    fp8_recipe: str | None = None,
+    include_total_tokens: bool = False,
 ) -> tuple[torch.Tensor, Any]:
-    """``[B, S, *]`` + mask ``[B, S]`` -> (``[1, T/CP, *]`` this rank's packed rows, ``PackedSeqParams``)."""
+    """``[B, S, *]`` + mask ``[B, S]`` -> (``[1, T/CP, *]`` this rank's packed rows, ``PackedSeqParams``).
+
+    ``use_fp8_padding``: slots to ``lcm(16, base)`` (``fp8_recipe="mxfp8"``: ``lcm(32, base)``), the stream to
+    ``base * 128``. ``include_total_tokens``: ``PackedSeqParams.total_tokens`` / ``seq_idx`` are set.
+    """
     mask = _check_mask(attention_mask)
-    plan, snapshot = _mask_entry(mask, megatron_context(), None, bool(use_fp8_padding))
-    packed_seq_params = _packed_seq_params(plan, snapshot)
+    fp8_block(fp8_recipe)
+    check_include_total_tokens(include_total_tokens)
+    ctx = megatron_context()
+    base = _legacy_base(ctx)
+    alignment = fp8_alignment(base, fp8_recipe) if use_fp8_padding else Alignment.per_slot(base)
+    plan, snapshot = _mask_entry(mask, ctx, alignment)
+    packed_seq_params = _packed_seq_params(plan, snapshot, include_total_tokens)
     if not pre_process:
         return input_ids, packed_seq_params
     return plan.pack(input_ids, name="input_ids"), packed_seq_params
@@ -138,12 +160,13 @@ def _plan_for_mask(packed_seq_params: Any, attention_mask: torch.Tensor) -> Pack
     ctx = plan.ctx if plan is not None else megatron_context()
     candidates = [(ctx, plan.alignment)] if plan is not None else []
     candidates += [(ctx, alignment) for alignment in _legacy_alignments(ctx)]
-    return _replan(packed_seq_params, candidates, lambda c, a: _mask_plan(attention_mask, c, a, False))
+    return _replan(packed_seq_params, candidates, lambda c, a: _mask_plan(attention_mask, c, a))
 
 
 def _legacy_alignments(ctx: ParallelContext) -> list[Alignment]:
-    base = ctx.tp_size * ctx.cp_size * 2 if ctx.cp_size > 1 else ctx.tp_size
-    return [Alignment.per_slot(base), Alignment.fp8(base)]
+    """The paddings ``preprocess_packed_seqs`` can have made: plain, FP8, MXFP8."""
+    base = _legacy_base(ctx)
+    return [Alignment.per_slot(base), fp8_alignment(base, None), fp8_alignment(base, "mxfp8")]
 
 
 def postprocess_packed_seqs(
@@ -279,18 +302,24 @@ def preprocess_thd_engine(
     min_local_rows: int | None = None,
     pad_to_length_bucket: int | None = None,
     cp_layout: str = "zigzag",
+    fp8_recipe: str | None = None,
+    include_total_tokens: bool = False,
 ) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
     """Jagged ``[B, j, *]`` -> (``[1, T/CP, *]`` local rows, ``PackedSeqParams``, ``[1, T/CP]`` position ids).
 
     ``need_roll=True`` packs each token's successor inside its sequence (labels), wrapping at the end.
-    With ``pre_process=False`` returns ``(input_ids, PackedSeqParams, None)``.
+    With ``pre_process=False`` returns ``(input_ids, PackedSeqParams, None)``. ``fp8_recipe`` and
+    ``include_total_tokens`` as in ``preprocess_packed_seqs``.
     """
     layout = check_layout(cp_layout)
     nested = _check_nested("input_ids", input_ids)
+    check_include_total_tokens(include_total_tokens)
     ctx = megatron_context(local_cp_size)
-    alignment = engine_thd_alignment(ctx, layout, bool(use_fp8_padding), min_local_rows, pad_to_length_bucket)
+    alignment = engine_thd_alignment(
+        ctx, layout, bool(use_fp8_padding), min_local_rows, pad_to_length_bucket, fp8_recipe=fp8_recipe
+    )
     plan, snapshot = _nested_entry(nested, ctx, layout, alignment)
-    packed_seq_params = _packed_seq_params(plan, snapshot)
+    packed_seq_params = _packed_seq_params(plan, snapshot, include_total_tokens)
     if local_cp_size is not None:
         packed_seq_params.local_cp_size = local_cp_size
         packed_seq_params.cp_group = ctx.cp_group
@@ -312,13 +341,13 @@ def _plan_for_nested(packed_seq_params: Any, nested: torch.Tensor, local_cp_size
         ctx, candidates = plan.ctx, [plan.alignment]
     else:
         if local_cp_size is not None:  # verl: the dynamic-CP group travels on packed_seq_params
-            import torch.distributed as dist
-
-            group = packed_seq_params.cp_group
-            ctx = ParallelContext(megatron_context().tp_size, local_cp_size, dist.get_rank(group=group), group)
+            ctx = dynamic_cp_context(local_cp_size, packed_seq_params.cp_group)
         else:
             ctx = megatron_context()
-        candidates = [engine_thd_alignment(ctx, layout, fp8, None, None) for fp8 in (False, True)]
+        candidates = [
+            engine_thd_alignment(ctx, layout, fp8, None, None, fp8_recipe=recipe)
+            for fp8, recipe in ((False, None), (True, None), (True, "mxfp8"))
+        ]
     return _replan(
         packed_seq_params, [(ctx, a) for a in candidates], lambda c, a: _nested_plan(nested, c, layout, a)
     )
@@ -343,11 +372,6 @@ def postprocess_thd_engine(
     return _plan_for_nested(packed_seq_params, nested, local_cp_size, layout).unpack_nested(output, name="output")
 
 
-def _longest(nested: torch.Tensor) -> int:
-    offsets = nested.offsets()
-    return _NESTED_PLANS.get_or_build(offsets, "longest", lambda: int(offsets.diff().max()))
-
-
 def preprocess_bshd_engine(
     input_ids: torch.Tensor,
     pre_process: bool = True,
@@ -364,13 +388,13 @@ def preprocess_bshd_engine(
     nested = _check_nested("input_ids", input_ids)
     ctx = megatron_context()
     batch_size = nested.size(0)
-    longest = _longest(nested) if forced_max_seqlen is None else forced_max_seqlen
+    longest = longest_sequence(nested) if forced_max_seqlen is None else forced_max_seqlen
     row_length = engine_bshd_row_length(ctx, batch_size, longest, bool(use_fp8_padding))
-    plan = _nested_plan(nested, ctx, "zigzag", Alignment.per_slot(row_length))
+    plan = _nested_plan(nested, ctx, "zigzag", Alignment.rows(row_length))
     if plan.total_length != batch_size * row_length:
         raise ValueError(
-            f"every sequence must hold 1..{row_length} tokens for the BSHD layout (forced_max_seqlen="
-            f"{forced_max_seqlen}, longest sequence {plan.max_seqlen}); drop empty sequences or raise forced_max_seqlen"
+            f"every sequence must hold at most {row_length} tokens for the BSHD layout (forced_max_seqlen="
+            f"{forced_max_seqlen}, longest sequence {plan.max_seqlen}); raise forced_max_seqlen"
         )
     local_rows = row_length // ctx.cp_size
     packed = plan.pack(nested, shift=1 if need_roll else 0, wrap=bool(need_roll), name="input_ids")[0]  # [B*M/CP, *]
@@ -393,7 +417,7 @@ def _plan_for_bshd_mask(attention_mask: torch.Tensor) -> PackPlan:
 
         dist.all_reduce(seqlens, group=ctx.cp_group)
     row_length = local_rows * ctx.cp_size
-    plan = plan_from_lengths(seqlens, ctx, alignment=Alignment.per_slot(row_length))
+    plan = plan_from_lengths(seqlens, ctx, alignment=Alignment.rows(row_length))
     if plan.total_length != batch_size * row_length or not torch.equal(
         plan.local_valid_mask.view(batch_size, local_rows), attention_mask != 0
     ):
@@ -415,41 +439,6 @@ def postprocess_bshd_engine(output: torch.Tensor, attention_mask: torch.Tensor, 
     batch_size, local_rows = mask.shape
     local = output.reshape(1, batch_size * local_rows, *output.shape[2:])
     return _plan_for_bshd_mask(mask).unpack_nested(local, name="output")
-
-
-# ================================================================ verl 0.7 names
-def preprocess_thd_no_padding(
-    input_ids: torch.Tensor, pre_process: bool = True, need_roll: bool = False, use_fp8_padding: bool = False
-) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
-    """verl 0.7.1 name of ``preprocess_thd_engine`` (zigzag layout); returns the 3-tuple."""
-    return preprocess_thd_engine(input_ids, pre_process=pre_process, need_roll=need_roll, use_fp8_padding=use_fp8_padding)
-
-
-def preprocess_thd_no_padding_pair(
-    input_ids: torch.Tensor, pre_process: bool = True, need_roll: bool = False
-) -> tuple[torch.Tensor, Any]:
-    """verl 0.7.0's ``preprocess_thd_no_padding``: the 2-tuple ``(packed, PackedSeqParams)``."""
-    packed, packed_seq_params, _ = preprocess_thd_engine(input_ids, pre_process=pre_process, need_roll=need_roll)
-    return packed, packed_seq_params
-
-
-def postprocess_thd_no_padding(
-    output: torch.Tensor, packed_seq_params: Any, input_ids: torch.Tensor, batch_size: int, post_process: bool = True
-) -> torch.Tensor:
-    """verl 0.7 name of ``postprocess_thd_engine`` (zigzag layout)."""
-    return postprocess_thd_engine(output, packed_seq_params, input_ids, batch_size, post_process=post_process)
-
-
-def preprocess_bshd_no_padding(
-    input_ids: torch.Tensor, pre_process: bool = True, need_roll: bool = False, use_fp8_padding: bool = False
-):
-    """verl 0.7 name of ``preprocess_bshd_engine``."""
-    return preprocess_bshd_engine(input_ids, pre_process=pre_process, need_roll=need_roll, use_fp8_padding=use_fp8_padding)
-
-
-def postprocess_bshd_no_padding(output: torch.Tensor, attention_mask: torch.Tensor, post_process: bool = True) -> torch.Tensor:
-    """verl 0.7 name of ``postprocess_bshd_engine``."""
-    return postprocess_bshd_engine(output, attention_mask, post_process=post_process)
 
 
 def clear_plan_caches() -> None:

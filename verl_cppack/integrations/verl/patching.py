@@ -13,6 +13,11 @@ for a module that already imported it, so ``install``:
    imported by ``install`` itself: it is safe while ``verl/__init__`` is still running
    (``VERL_USE_EXTERNAL_MODULES``).
 
+Before a function is replaced, its signature is compared with the drop-in's (``signatures.incompatibility``): a
+function with parameters the drop-in does not know stays verl's, and ``status()["left_to_verl"]`` (and
+``verl-cppack doctor``) says why. Where releases kept a name but changed what it returns or pads, ``DROPINS``
+holds one variant per behaviour and the first that fits verl's function is taken.
+
 The originals are kept (``originals()``) for fallback and A/B runs; ``uninstall`` puts them back everywhere.
 ``VERL_CPPACK_DISABLE=1`` makes ``install`` a no-op.
 """
@@ -23,33 +28,68 @@ import inspect
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from verl_cppack.integrations.import_hooks import after_import, cancel
-from verl_cppack.integrations.verl import dropins
+from verl_cppack.integrations.verl import dropins, release_names, vlm_masks
 from verl_cppack.integrations.verl.call_counts import counted
+from verl_cppack.integrations.verl.signatures import VerlFunction, incompatibility
 
 UTIL_MODULE = "verl.models.mcore.util"
 DISABLE_ENV = "VERL_CPPACK_DISABLE"
 
-# verl name -> drop-in, for every name any verl release defines (only the names util has are replaced).
-DROPINS: dict[str, Callable[..., Any]] = {
-    "preprocess_packed_seqs": dropins.preprocess_packed_seqs,
-    "postprocess_packed_seqs": dropins.postprocess_packed_seqs,
-    "preprocess_bshd": dropins.preprocess_bshd,
-    "postprocess_bshd": dropins.postprocess_bshd,
-    "postprocess_packed_seqs_for_dict_output": dropins.postprocess_packed_seqs_for_dict_output,
-    "preprocess_thd_no_padding": dropins.preprocess_thd_no_padding,
-    "postprocess_thd_no_padding": dropins.postprocess_thd_no_padding,
-    "preprocess_bshd_no_padding": dropins.preprocess_bshd_no_padding,
-    "postprocess_bshd_no_padding": dropins.postprocess_bshd_no_padding,
-    "preprocess_thd_engine": dropins.preprocess_thd_engine,
-    "postprocess_thd_engine": dropins.postprocess_thd_engine,
-    "preprocess_bshd_engine": dropins.preprocess_bshd_engine,
-    "postprocess_bshd_engine": dropins.postprocess_bshd_engine,
+
+@dataclass(frozen=True)
+class DropIn:
+    """One drop-in for a verl name. ``fits``: for variants whose signature is the same as another's, what tells
+    verl's function apart (``misfit`` says it when it does not hold)."""
+
+    function: Callable[..., Any]
+    fits: Callable[[VerlFunction], bool] | None = None
+    misfit: str = ""
+
+
+def _reads_parallel_sizes(verl: VerlFunction) -> bool:
+    """verl 0.9.1's ``build_vlm_attn_mask_thd`` rounds its rows up to TP/CP sizes it reads; 0.8.0/0.9.0's does not."""
+    return "get_context_parallel_world_size" in verl.names
+
+
+# verl name -> its drop-ins, preferred first; every name a verl release from 0.6.1 to 0.9.1 defines for packing.
+DROPINS: dict[str, tuple[DropIn, ...]] = {
+    "preprocess_packed_seqs": (DropIn(dropins.preprocess_packed_seqs),),
+    "postprocess_packed_seqs": (DropIn(dropins.postprocess_packed_seqs),),
+    "postprocess_packed_seqs_for_dict_output": (DropIn(dropins.postprocess_packed_seqs_for_dict_output),),
+    "preprocess_bshd": (DropIn(dropins.preprocess_bshd),),
+    "postprocess_bshd": (DropIn(dropins.postprocess_bshd),),
+    "preprocess_thd_engine": (DropIn(dropins.preprocess_thd_engine),),
+    "postprocess_thd_engine": (DropIn(dropins.postprocess_thd_engine),),
+    "preprocess_bshd_engine": (DropIn(dropins.preprocess_bshd_engine),),
+    "postprocess_bshd_engine": (DropIn(dropins.postprocess_bshd_engine),),
+    "build_vlm_attn_mask_thd": (
+        DropIn(vlm_masks.build_vlm_attn_mask_thd, _reads_parallel_sizes, "verl's does not round rows to TP/CP"),
+        DropIn(
+            vlm_masks.build_vlm_attn_mask_thd_unaligned,
+            lambda verl: not _reads_parallel_sizes(verl),
+            "verl's rounds rows to TP/CP",
+        ),
+    ),
+    "build_vlm_attn_mask_bshd": (DropIn(vlm_masks.build_vlm_attn_mask_bshd),),
+    # verl 0.7
+    "preprocess_thd_no_padding": (
+        DropIn(release_names.preprocess_thd_no_padding_pair),  # 0.7.0: the pair
+        DropIn(release_names.preprocess_thd_no_padding),  # 0.7.1: the triple
+    ),
+    "postprocess_thd_no_padding": (DropIn(release_names.postprocess_thd_no_padding),),
+    "preprocess_bshd_no_padding": (DropIn(release_names.preprocess_bshd_no_padding),),
+    "postprocess_bshd_no_padding": (DropIn(release_names.postprocess_bshd_no_padding),),
+    # verl 0.6
+    "preprocess_packed_seqs_no_padding": (DropIn(release_names.preprocess_packed_seqs_no_padding),),
+    "postprocess_packed_seqs_no_padding": (DropIn(release_names.postprocess_packed_seqs_no_padding),),
+    "remove_left_padding": (DropIn(release_names.remove_left_padding),),
+    "recover_left_padding": (DropIn(release_names.recover_left_padding),),
 }
 
 
@@ -59,6 +99,7 @@ class PatchState:
     generation: str | None = None  # detected verl util API generation, once util is loaded
     originals: dict[str, Callable[..., Any]] = field(default_factory=dict)  # verl name -> verl's function
     replacements: dict[str, Callable[..., Any]] = field(default_factory=dict)  # verl name -> what we put in
+    left_to_verl: dict[str, str] = field(default_factory=dict)  # verl name -> why its drop-in does not stand in
     covered: dict[str, list[str]] = field(default_factory=dict)  # module name -> drop-in names it holds
     patched: set[str] = field(default_factory=set)  # modules where install replaced an original
 
@@ -68,24 +109,52 @@ _LOCK = threading.RLock()
 
 
 # ================================================================ generations
-def detect_generation(util: ModuleType) -> str:
-    """verl util API generation from the names it defines: 'engine' (>=0.8), 'no_padding' (0.7.1, 3-tuple),
-    'no_padding_pair' (0.7.0, 2-tuple) or 'legacy' (padded names only)."""
-    names = vars(util)
-    if "preprocess_thd_engine" in names:
+def detect_generation(functions: Mapping[str, VerlFunction]) -> str:
+    """verl util API generation from the packing functions it defines: 'engine' (>=0.8), 'no_padding' (0.7.1,
+    3-tuple), 'no_padding_pair' (0.7.0, 2-tuple), 'packed_no_padding' (0.6) or 'legacy' (padded names only)."""
+    if "preprocess_thd_engine" in functions:
         return "engine"
-    if "preprocess_thd_no_padding" in names:
-        parameters = inspect.signature(names["preprocess_thd_no_padding"]).parameters
-        return "no_padding" if "use_fp8_padding" in parameters else "no_padding_pair"
+    if "preprocess_thd_no_padding" in functions:
+        signature = functions["preprocess_thd_no_padding"].signature
+        return "no_padding" if signature is not None and "use_fp8_padding" in signature.parameters else "no_padding_pair"
+    if "preprocess_packed_seqs_no_padding" in functions:
+        return "packed_no_padding"
     return "legacy"
 
 
-def _replacements_for(util: ModuleType, generation: str) -> dict[str, Callable[..., Any]]:
-    names = vars(util)
-    chosen = {name: dropin for name, dropin in DROPINS.items() if callable(names.get(name))}
-    if generation == "no_padding_pair":
-        chosen["preprocess_thd_no_padding"] = dropins.preprocess_thd_no_padding_pair
-    return {name: counted(name, dropin) for name, dropin in chosen.items()}  # counted only when asked
+def choose(name: str, verl: VerlFunction) -> tuple[DropIn | None, str | None]:
+    """The first drop-in for ``name`` that stands in for verl's function, or ``(None, why none does)``."""
+    reasons = []
+    for candidate in DROPINS[name]:
+        if verl.signature is None:
+            return None, "verl's function has no readable signature"
+        reason = incompatibility(verl.signature, inspect.signature(candidate.function))
+        if reason is None and candidate.fits is not None and not candidate.fits(verl):
+            reason = candidate.misfit
+        if reason is None:
+            return candidate, None
+        if reason not in reasons:
+            reasons.append(reason)
+    return None, "; ".join(reasons)
+
+
+def plan_replacements(functions: Mapping[str, VerlFunction]) -> tuple[dict[str, DropIn], dict[str, str]]:
+    """For verl's packing functions (by name): the drop-in each gets, and why the others stay verl's."""
+    chosen, left = {}, {}
+    for name, verl in functions.items():
+        if name not in DROPINS:
+            continue
+        dropin, reason = choose(name, verl)
+        if dropin is None:
+            left[name] = reason
+        else:
+            chosen[name] = dropin
+    return chosen, left
+
+
+def util_functions(util: ModuleType) -> dict[str, VerlFunction]:
+    """The functions util defines under a ``DROPINS`` name (a name imported into util from elsewhere counts too)."""
+    return {name: VerlFunction.of(value) for name, value in vars(util).items() if name in DROPINS and callable(value)}
 
 
 # =================================================================== patching
@@ -93,10 +162,12 @@ def _patch_util(util: ModuleType) -> None:
     with _LOCK:
         if not _STATE.installed:
             return
-        if not _STATE.originals:
-            namespace = vars(util)
-            _STATE.generation = detect_generation(util)
-            _STATE.replacements = _replacements_for(util, _STATE.generation)
+        if _STATE.generation is None:  # not planned yet
+            namespace, functions = vars(util), util_functions(util)
+            _STATE.generation = detect_generation(functions)
+            chosen, _STATE.left_to_verl = plan_replacements(functions)
+            # counted only when asked (call_counts); the signature was checked on the drop-in itself
+            _STATE.replacements = {name: counted(name, dropin.function) for name, dropin in chosen.items()}
             _STATE.originals = {name: namespace[name] for name in _STATE.replacements}
         _patch_loaded_modules()
 
@@ -126,8 +197,6 @@ def _patch_loaded_modules() -> None:
     for module in list(sys.modules.values()):
         if module is not None:
             _patch_module(module)
-
-
 
 
 # ================================================================= public API
@@ -166,6 +235,7 @@ def uninstall() -> None:
                     namespace[name] = _STATE.originals[name]
         _STATE.installed = False
         _STATE.originals, _STATE.replacements, _STATE.covered, _STATE.patched = {}, {}, {}, set()
+        _STATE.left_to_verl = {}
         _STATE.generation = None
         dropins.clear_plan_caches()
 
@@ -180,7 +250,8 @@ def originals() -> dict[str, Callable[..., Any]]:
 
 
 def status() -> dict[str, Any]:
-    """What ``install`` did: installed, the verl API generation, and the modules (and names) patched."""
+    """What ``install`` did: installed, the verl API generation, the modules (and names) patched, and the verl
+    functions left to verl (name -> why the drop-in does not stand in)."""
     with _LOCK:
         if _STATE.installed and _STATE.originals:
             _patch_loaded_modules()  # modules that imported the drop-ins from util after install
@@ -189,5 +260,6 @@ def status() -> dict[str, Any]:
             "generation": _STATE.generation,
             "util_loaded": UTIL_MODULE in sys.modules,
             "covered": {name: list(names) for name, names in sorted(_STATE.covered.items())},
+            "left_to_verl": dict(sorted(_STATE.left_to_verl.items())),
             "disabled_by_env": disabled_by_env(),
         }

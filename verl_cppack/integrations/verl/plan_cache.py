@@ -118,6 +118,13 @@ class TensorKeyedCache:
         self._entries.move_to_end(entry_key)
         return found[1]
 
+    def find(self, source: torch.Tensor, accept: Callable[[Any], bool]) -> Any | None:
+        """A cached value of ``source`` (unchanged, any extra key) that ``accept`` takes, or None."""
+        for (source_id, version, _), (snapshot, value) in reversed(list(self._entries.items())):
+            if source_id == id(source) and version == source._version and accept(value):
+                return value if snapshot.matches(source) else None
+        return None
+
     def store(self, source: torch.Tensor, key: Hashable, value: T) -> T:
         self._insert((id(source), source._version, key), self._snapshot(source), value)
         return value

@@ -10,48 +10,120 @@ Each verl util function pads differently; these helpers name the policy so the d
 - engine BSHD (``preprocess_bshd_engine``): every row padded to one length ``M`` (a THD plan whose slots
   all have length ``M``; its local stream reshaped ``[B, M/CP]`` is verl's zigzag-per-row BSHD layout).
 
-Where verl would pad the stream to a length that breaks its own slot alignment (``min_local_rows`` or
-``pad_to_length_bucket`` not a multiple of the slot multiple), we pad to the next length that keeps every
-constraint; whenever verl's length is valid, ours is the same (it is the smallest valid length >= both).
+With ``fp8_recipe="mxfp8"`` the FP8 slots are ``lcm(32, base)`` (megatron-core's ``get_fp8_align_size``). Where
+these policies and verl's own results part: docs/design.md, "Intended differences".
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from verl_cppack.context import ParallelContext
-from verl_cppack.core.alignment import FP8_SLOT_MULTIPLE, FP8_STREAM_FACTOR, Alignment
+from verl_cppack.context import ParallelContext, group_size_and_rank
+from verl_cppack.core.alignment import FP8_STREAM_FACTOR, Alignment
 from verl_cppack.core.checks import require_int
-from verl_cppack.integrations.megatron import parallel_context_from_megatron
+from verl_cppack.integrations.megatron import parallel_context_from_megatron, parallel_state_module
 
 LAYOUTS = ("zigzag", "contiguous")
+
+
+# megatron.core.parallel_state's getter of the dynamic-CP group of a given size: released megatron-core names it
+# ``get_hybrid_data_context_parallel_groups``; verl (0.8+) calls its dev-branch name first.
+DYNAMIC_CP_GROUP_GETTERS = ("get_dynamic_data_context_parallel_groups", "get_hybrid_data_context_parallel_groups")
+
+
+def dynamic_cp_group(local_cp_size: int) -> Any:
+    """verl's dynamic-CP group of ``local_cp_size`` ranks, from whichever getter this megatron-core has."""
+    mpu = parallel_state_module()
+    for name in DYNAMIC_CP_GROUP_GETTERS:
+        get_groups = getattr(mpu, name, None)
+        if get_groups is not None:
+            return get_groups(group_size=local_cp_size)
+    raise ValueError(
+        "local_cp_size (dynamic context parallelism) needs megatron.core.parallel_state."
+        f"{' or '.join(DYNAMIC_CP_GROUP_GETTERS)}, which this megatron-core lacks; pass local_cp_size=None or "
+        "upgrade megatron-core"
+    )
 
 
 def megatron_context(local_cp_size: int | None = None) -> ParallelContext:
     """TP/CP sizes, CP rank and group as verl reads them from ``megatron.core.parallel_state``.
 
-    ``local_cp_size`` selects verl's dynamic-CP group (``get_dynamic_data_context_parallel_groups``).
+    ``local_cp_size`` selects verl's dynamic-CP group (``dynamic_cp_group``); this process's rank in it is asked
+    of ``torch.distributed``, as verl does.
     """
     if local_cp_size is None:
         return parallel_context_from_megatron()
     require_int("local_cp_size", local_cp_size, minimum=1)
-    import torch.distributed as dist
-    from megatron.core import parallel_state as mpu
+    group = dynamic_cp_group(local_cp_size)
+    return dynamic_cp_context(local_cp_size, group)
 
-    get_groups = getattr(mpu, "get_dynamic_data_context_parallel_groups", None)
-    if get_groups is None:
-        raise ValueError(
-            "local_cp_size (dynamic context parallelism) needs megatron.core.parallel_state."
-            "get_dynamic_data_context_parallel_groups, which this megatron-core lacks; pass local_cp_size=None "
-            "or upgrade megatron-core"
-        )
-    group = get_groups(group_size=local_cp_size)
-    return ParallelContext(
-        tp_size=mpu.get_tensor_model_parallel_world_size(),
-        cp_size=local_cp_size,
-        cp_rank=dist.get_rank(group=group),
+
+def dynamic_cp_context(local_cp_size: int, group: Any) -> ParallelContext:
+    """The context of verl's dynamic-CP ``group`` of ``local_cp_size`` ranks (made once per group)."""
+    key = (local_cp_size, id(group))
+    found = _DYNAMIC_CONTEXTS.get(key)
+    if found is not None and found[0] is group:
+        return found[1]
+    _, rank = group_size_and_rank(group)
+    context = ParallelContext(
+        tp_size=parallel_state_module().get_tensor_model_parallel_world_size(), cp_size=local_cp_size, cp_rank=rank,
         cp_group=group,
     )
+    context.check_group()
+    if len(_DYNAMIC_CONTEXTS) >= 16:
+        _DYNAMIC_CONTEXTS.clear()
+    _DYNAMIC_CONTEXTS[key] = (group, context)
+    return context
+
+
+_DYNAMIC_CONTEXTS: dict[tuple[int, int], tuple[Any, ParallelContext]] = {}
+
+
+# megatron-core's FP8 recipes (``megatron.core.enums.Fp8Recipe``) when it is not importable
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
+MXFP8_BLOCK = 32  # MXFP8 scales blocks of 32 elements: every slot a multiple of 32 tokens
+FP8_BLOCK = 16  # every other recipe: 16 (megatron.core.fp8_utils.get_fp8_align_size)
+
+
+def fp8_recipe_names() -> tuple[str, ...]:
+    """The recipe names this megatron-core knows (its ``Fp8Recipe`` values), else ``FP8_RECIPES``."""
+    try:
+        from megatron.core.enums import Fp8Recipe
+    except ImportError:
+        return FP8_RECIPES
+    return tuple(recipe.value for recipe in Fp8Recipe)
+
+
+def fp8_block(fp8_recipe: object) -> int:
+    """Tokens per FP8 quantisation block of ``fp8_recipe`` (None: verl's default recipe, 16), as megatron's
+    ``get_fp8_align_size`` maps them; ``TypeError`` / ``ValueError`` naming ``fp8_recipe`` for anything else."""
+    if fp8_recipe is None:
+        return FP8_BLOCK
+    if not isinstance(fp8_recipe, str):  # megatron's Fp8Recipe is a str enum
+        raise TypeError(
+            f"fp8_recipe must be None or a recipe name (str or megatron.core.enums.Fp8Recipe), got "
+            f"{type(fp8_recipe).__name__} ({fp8_recipe!r})"
+        )
+    name = getattr(fp8_recipe, "value", fp8_recipe)
+    names = fp8_recipe_names()
+    if name not in names:
+        raise ValueError(f"fp8_recipe must be one of {', '.join(names)} (or None), got {fp8_recipe!r}")
+    return MXFP8_BLOCK if name == "mxfp8" else FP8_BLOCK
+
+
+def fp8_alignment(base: int, fp8_recipe: object) -> Alignment:
+    """verl's FP8 padding over a base multiple: slots to ``lcm(block, base)``, the stream to ``base * 128``."""
+    return Alignment.fp8(base, block=fp8_block(fp8_recipe))
+
+
+def check_include_total_tokens(include_total_tokens: object) -> bool:
+    if not isinstance(include_total_tokens, bool):
+        raise TypeError(
+            f"include_total_tokens must be True or False, got {type(include_total_tokens).__name__} "
+            f"({include_total_tokens!r})"
+        )
+    return include_total_tokens
 
 
 def check_layout(cp_layout: object) -> str:
@@ -67,12 +139,14 @@ def engine_thd_alignment(
     use_fp8_padding: bool,
     min_local_rows: int | None,
     pad_to_length_bucket: int | None,
+    fp8_recipe: object = None,
 ) -> Alignment:
-    """``preprocess_thd_engine``'s padding (verl 0.9.1) as one ``Alignment``."""
+    """``preprocess_thd_engine``'s padding (verl 0.9.1; ``fp8_recipe`` as verl adds it) as one ``Alignment``."""
     base = ctx.tp_size * ctx.cp_size * (2 if cp_layout == "zigzag" and ctx.cp_size > 1 else 1)
     slot_multiple, stream_multiple = base, base
+    fp8 = fp8_alignment(base, fp8_recipe)  # the recipe is checked with or without FP8 padding
     if use_fp8_padding:
-        slot_multiple, stream_multiple = math.lcm(FP8_SLOT_MULTIPLE, base), base * FP8_STREAM_FACTOR
+        slot_multiple, stream_multiple = fp8.slot_multiple, fp8.stream_multiple
     min_stream_length = 0
     if min_local_rows is not None:
         min_stream_length = ctx.cp_size * require_int("min_local_rows", min_local_rows, minimum=0)

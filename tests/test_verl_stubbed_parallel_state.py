@@ -1,0 +1,117 @@
+"""Under the stand-ins verl's own unit tests use, the drop-ins run as verl's functions do and give their results.
+
+verl's tests run single-process: they replace ``megatron.core.parallel_state``'s getters with lambdas (no
+initialised parallel state), hand over a plain object (or a tuple) as the CP group, and stand in
+``torch.distributed``'s ``get_world_size`` / ``get_rank`` / ``all_gather`` (here the all-gather hands every
+simulated CP rank's output, collected beforehand). The drop-ins read the parallel state through the same getters
+and accept any group ``torch.distributed`` — as the process has it — can tell the size and rank of; a string or
+a number stays refused. Compared with verl 0.9.1's own functions at CP=2 (both simulated ranks) and with the
+batch itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed
+
+verl_util = pytest.importorskip("verl.models.mcore.util")
+
+from verl_cppack import ParallelContext  # noqa: E402
+from verl_cppack.integrations import verl as ours  # noqa: E402
+
+CP = 2
+MASK = torch.tensor([[0, 1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+IDS = torch.arange(1, MASK.numel() + 1).view(MASK.shape)
+
+
+class Stubs:
+    """verl-style stand-ins for one simulated CP rank at a time."""
+
+    def __init__(self, monkeypatch, group: object) -> None:
+        self.monkeypatch, self.group, self.rank, self.gathered = monkeypatch, group, 0, []
+        mpu = verl_util.mpu  # megatron's parallel_state module, as verl's util holds it
+        monkeypatch.setattr(mpu, "get_tensor_model_parallel_world_size", lambda: 1)
+        monkeypatch.setattr(mpu, "get_context_parallel_world_size", lambda: CP)
+        monkeypatch.setattr(mpu, "get_context_parallel_rank", lambda: self.rank)
+        monkeypatch.setattr(mpu, "get_context_parallel_group", lambda: self.group)
+        monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: CP)
+        monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: self.rank)
+        monkeypatch.setattr(torch.distributed, "all_gather", self.all_gather)
+        ours.clear_plan_caches()
+
+    def all_gather(self, outputs, tensor, group=None, async_op=False):
+        assert group is self.group
+        for output, rank_output in zip(outputs, self.gathered):
+            output.copy_(rank_output.reshape(output.shape))
+
+
+def _nested(x: torch.Tensor) -> torch.Tensor:
+    return torch.nested.nested_tensor([row[keep] for row, keep in zip(x, MASK)], layout=torch.jagged)
+
+
+def _round_trip(stubs: Stubs, preprocess, postprocess) -> list:
+    """Pack on both simulated ranks, then gather every rank's packed rows (times 10, as a model output) back."""
+    packed = []
+    for rank in range(CP):
+        stubs.rank = rank
+        packed.append(preprocess())
+    stubs.gathered = [result[0] * 10 for result in packed]
+    gathered = []
+    for rank in range(CP):
+        stubs.rank = rank
+        gathered.append(postprocess(stubs.gathered[rank], packed[rank]))
+    return [result[0] for result in packed] + gathered
+
+
+@pytest.mark.parametrize("group", [object(), ("cp", 0, 1)], ids=["object", "tuple"])
+def test_the_drop_ins_run_under_verls_test_stubs_and_equal_verl(monkeypatch, group):
+    stubs = Stubs(monkeypatch, group)
+    batch_size, seq_len = MASK.shape
+    cases = {
+        "packed": lambda impl: _round_trip(
+            stubs, lambda: impl.preprocess_packed_seqs(IDS, MASK),
+            lambda y, pre: impl.postprocess_packed_seqs(y, pre[1], MASK, batch_size, seq_len)),
+        "thd engine": lambda impl: _round_trip(
+            stubs, lambda: impl.preprocess_thd_engine(_nested(IDS)),
+            lambda y, pre: impl.postprocess_thd_engine(y, pre[1], _nested(IDS), batch_size)),
+        "bshd engine": lambda impl: _round_trip(
+            stubs, lambda: impl.preprocess_bshd_engine(_nested(IDS)),
+            lambda y, pre: impl.postprocess_bshd_engine(y, pre[1])),
+    }  # fmt: skip
+    for name, case in cases.items():
+        theirs, mine = case(verl_util), case(ours)
+        for a, b in zip(theirs, mine):
+            a, b = (a.values(), b.values()) if a.is_nested else (a, b)
+            assert torch.equal(a, b), name
+        full = mine[-1].values() if mine[-1].is_nested else mine[-1][MASK]
+        assert torch.equal(full, IDS[MASK] * 10), name  # every rank gathered the whole batch back
+
+
+@pytest.mark.parametrize("group", ["cp", 0, 1.5])
+def test_a_string_or_a_number_is_no_group_whatever_the_stubs_answer(monkeypatch, group):
+    Stubs(monkeypatch, group)
+    with pytest.raises(TypeError, match="cp_group must be a torch.distributed.ProcessGroup"):
+        ours.preprocess_packed_seqs(IDS, MASK)
+    with pytest.raises(TypeError, match="cp_group must be a torch.distributed.ProcessGroup"):
+        ParallelContext(cp_size=CP, cp_group=group)
+
+
+def test_an_object_torch_distributed_cannot_answer_for_is_a_clear_error(monkeypatch):
+    """Without stand-ins for ``get_world_size`` / ``get_rank``, torch.distributed's own failure becomes the error."""
+    stubs = Stubs(monkeypatch, object())
+    monkeypatch.undo()
+    mpu = verl_util.mpu
+    monkeypatch.setattr(mpu, "get_tensor_model_parallel_world_size", lambda: 1)
+    monkeypatch.setattr(mpu, "get_context_parallel_world_size", lambda: CP)
+    monkeypatch.setattr(mpu, "get_context_parallel_rank", lambda: 0)
+    monkeypatch.setattr(mpu, "get_context_parallel_group", lambda: stubs.group)
+    with pytest.raises(TypeError, match=r"torch.distributed could not tell the size and rank of object .*AttributeError"):
+        ours.preprocess_packed_seqs(IDS, MASK)
+
+
+def test_a_group_whose_answers_disagree_with_the_parallel_state_is_refused(monkeypatch):
+    Stubs(monkeypatch, object())
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 4)
+    with pytest.raises(ValueError, match="ctx.cp_group has size 4 and this process is its rank 0, but ctx says cp_size=2"):
+        ours.preprocess_packed_seqs(IDS, MASK)

@@ -1,0 +1,105 @@
+"""Drop-ins for verl's vision-language mask builders ``build_vlm_attn_mask_thd`` / ``build_vlm_attn_mask_bshd``.
+
+verl (0.8+) calls them on every vision-language micro-batch: a jagged ``[B, j]`` batch of token ids becomes dense
+rows ``[B, S]`` (real tokens first, then ``pad_token_id``) and a bool mask ``[B, S]``, True at the real tokens.
+Here without a Python loop over rows: the mask is one comparison of the positions with the lengths, and the
+tokens fill the rows where it is True, in order, with one ``masked_scatter_`` (the jagged values are the real
+tokens row after row, which is that order). The only host read is the longest
+sequence (``dropins.longest_sequence``: none when the micro-batch's plan already knows it, as after
+``preprocess_thd_engine`` on the same ``input_ids``; none for ``build_vlm_attn_mask_bshd`` with
+``forced_max_seqlen``).
+
+The row length ``S`` is the longest sequence (or ``forced_max_seqlen``), rounded up to ``TP*CP*2`` when CP>1,
+else to ``TP`` — except for ``build_vlm_attn_mask_thd`` of verl 0.8.0 / 0.9.0, which does not round
+(``build_vlm_attn_mask_thd_unaligned``; ``patching`` picks the variant the installed verl has).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verl_cppack.core.checks import require_int, require_jagged, require_true
+from verl_cppack.integrations.verl import dropins
+
+
+def _check_pad_token_id(pad_token_id: object, dtype: torch.dtype) -> int | float:
+    """The fill value of the padding: a number the ids' dtype holds exactly (verl: its tokenizer's pad id)."""
+    if pad_token_id is None:
+        raise TypeError(
+            "pad_token_id must be the tokenizer's pad token id, got None (the tokenizer has no pad token: set one, "
+            "e.g. tokenizer.pad_token = tokenizer.eos_token)"
+        )
+    if dtype.is_floating_point or dtype.is_complex:
+        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, float)):
+            raise TypeError(f"pad_token_id must be a number, got {type(pad_token_id).__name__} ({pad_token_id!r})")
+        return pad_token_id
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
+        raise TypeError(
+            f"pad_token_id must be an int for {dtype} token ids, got {type(pad_token_id).__name__} ({pad_token_id!r})"
+        )
+    info = torch.iinfo(dtype)
+    if not info.min <= pad_token_id <= info.max:
+        raise ValueError(f"pad_token_id={pad_token_id} does not fit the token ids' dtype {dtype} ({info.min}..{info.max})")
+    return pad_token_id
+
+
+def _aligned(length: int, aligned: bool) -> int:
+    """``length`` rounded up to verl's BSHD row multiple (``TP*CP*2`` with CP>1, else ``TP``)."""
+    if not aligned:
+        return length
+    ctx = dropins.megatron_context()
+    multiple = ctx.tp_size * ctx.cp_size * 2 if ctx.cp_size > 1 else ctx.tp_size
+    return -(-length // multiple) * multiple
+
+
+def padded_rows(nested: torch.Tensor, row_length: int, pad_token_id: int | float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Jagged ``[B, j, *]`` -> (``[B, row_length, *]`` real tokens first then ``pad_token_id``, mask ``[B, row_length]``
+    bool, or ``[B, row_length, *]`` like the rows when the ids have trailing dimensions, as verl's). Every
+    sequence must fit (``ValueError`` otherwise; on an accelerator a device-side assertion, no sync)."""
+    values, offsets = nested.values(), nested.offsets()  # [N, *], [B+1]
+    batch_size, trailing = offsets.shape[0] - 1, values.shape[1:]
+    lengths = offsets.diff()  # [B]
+    require_true(
+        (lengths <= row_length).all(),
+        f"every sequence must fit the rows of {row_length} tokens (forced_max_seqlen below the longest sequence "
+        "would cut sequences); raise forced_max_seqlen",
+    )
+    mask = torch.arange(row_length, device=values.device) < lengths.unsqueeze(1)  # [B, row_length]
+    per_element = mask.view(batch_size, row_length, *(1,) * len(trailing))  # broadcast over trailing dims
+    rows = values.new_full((batch_size, row_length, *trailing), pad_token_id).masked_scatter_(per_element, values)
+    if trailing:
+        mask = per_element.expand(batch_size, row_length, *trailing)
+    return rows, mask
+
+
+def _build(input_ids: torch.Tensor, pad_token_id: object, longest: int | None, aligned: bool):
+    nested = require_jagged("input_ids", input_ids)
+    pad = _check_pad_token_id(pad_token_id, nested.dtype)
+    row_length = _aligned(dropins.longest_sequence(nested) if longest is None else longest, aligned)
+    return padded_rows(nested, row_length, pad)
+
+
+def build_vlm_attn_mask_thd(input_ids: torch.Tensor, pad_token_id: int = None):
+    """Jagged ``[B, j]`` ids -> (``[B, S]`` rows padded with ``pad_token_id``, ``[B, S]`` bool mask of the real
+    tokens); ``S`` is the longest sequence rounded up as verl 0.9.1 does (``TP*CP*2`` with CP>1, else ``TP``)."""
+    return _build(input_ids, pad_token_id, None, aligned=True)
+
+
+def build_vlm_attn_mask_thd_unaligned(input_ids: torch.Tensor, pad_token_id: int = None):
+    """verl 0.8.0 / 0.9.0's ``build_vlm_attn_mask_thd``: ``S`` is the longest sequence, not rounded."""
+    return _build(input_ids, pad_token_id, None, aligned=False)
+
+
+def build_vlm_attn_mask_bshd(
+    input_ids: torch.Tensor, batch_size: int, pad_token_id: int = None, forced_max_seqlen: int | None = None
+):
+    """Jagged ``[B, j]`` ids -> (``[B, S]`` padded rows, ``[B, S]`` bool mask); ``S`` is ``forced_max_seqlen`` (no
+    host read) or the longest sequence, rounded up as in ``build_vlm_attn_mask_thd``. ``batch_size`` must be
+    ``B`` (verl ignores it); ``forced_max_seqlen`` below the longest sequence is a ``ValueError`` (verl cuts)."""
+    nested = require_jagged("input_ids", input_ids)
+    require_int("batch_size", batch_size, minimum=1)
+    if batch_size != nested.size(0):
+        raise ValueError(f"batch_size ({batch_size}) must equal the number of sequences in input_ids ({nested.size(0)})")
+    if forced_max_seqlen is not None:
+        require_int("forced_max_seqlen", forced_max_seqlen, minimum=0)
+    return _build(nested, pad_token_id, forced_max_seqlen, aligned=True)
