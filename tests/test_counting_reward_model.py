@@ -140,8 +140,9 @@ def test_the_ppo_job_starts_its_critic_from_the_reward_model_and_trains_it_only_
     assert made == [] and config.critic.model.path == str(assets.model)
     defaults = settings_from_args(build_parser().parse_args(["ppo", "--output", str(tmp_path / "c")]))
     config = prepare_job(ppo.PPO, defaults).config  # what `verl-cppack ppo` composes
-    assert made == [assets] and config.critic.model.path == str(reward_model.reward_model_dir(assets))
-    assert config.actor_rollout_ref.model.path == str(assets.model)
+    # named relative to the task directory, every worker's working directory
+    assert made == [assets] and config.critic.model.path == reward_model.reward_model_dir(assets).name
+    assert config.actor_rollout_ref.model.path == "model"
     assert config.actor_rollout_ref.actor.entropy_coeff == 0.01  # PPO's entropy bonus (the PPO paper's c2)
     assert config.actor_rollout_ref.actor.optim.lr == 1e-3  # a third of grpo's: at 3e-3 the actor collapsed
     assert config.data.train_batch_size == 32 and config.actor_rollout_ref.rollout.n == 4

@@ -103,8 +103,8 @@ def run_trainer(
     writer = MetricsWriter(run.output_dir / "metrics.jsonl")
     records: list[dict[str, Any]] = []
     with run.log_path.open("w") as log:
-        child = subprocess.Popen(
-            run.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        child = subprocess.Popen(  # in the task directory, as every worker: verl's driver opens the files it names too
+            run.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=run.task_dir,
             env={**os.environ, **run.environment()}, start_new_session=True, preexec_fn=_trainer_setup(),
         )  # fmt: skip
         follower = _LineFollower(run.verl_metrics_path)

@@ -105,7 +105,8 @@ def prepare_job(kind: JobKind, settings: JobSettings, output_dir: Path | None = 
     """Check everything that can be checked without Ray; compose verl's config (``ValueError`` on any problem)."""
     if settings.group_size < kind.min_group_size:
         raise ValueError(f"group_size must be >= {kind.min_group_size} for {kind.name}, got {settings.group_size}")
-    output_dir = output_dir or fresh_output_dir(settings.output or f"runs/{kind.name}")
+    # absolute: verl's processes run in the task directory
+    output_dir = (output_dir or fresh_output_dir(settings.output or f"runs/{kind.name}")).resolve()
     run = CpuRun(
         assets=ensure_counting_assets(), shape=settings.shape, steps=settings.steps,
         prompts_per_step=settings.prompts_per_step, group_size=settings.group_size, seed=settings.seed,
