@@ -62,16 +62,15 @@ def generation_from_source(path: Path) -> dict[str, Any]:
     """Read from util's source: the API generation (``patching.detect_generation``), the packing functions the
     drop-ins stand in for (``replaceable``) and those left to verl with the reason (``left_to_verl``), as
     ``install`` would decide them (``patching.plan_replacements``)."""
-    from verl_cppack.integrations.verl.patching import DROPINS, detect_generation, plan_replacements
+    from verl_cppack.integrations.verl.patching import DROPINS, NOT_PACKING, detect_generation, plan_replacements
     from verl_cppack.integrations.verl.signatures import VerlFunction
 
     tree = ast.parse(path.read_text())
-    functions = {
-        node.name: VerlFunction.from_source(node)
-        for node in tree.body
-        if isinstance(node, ast.FunctionDef) and node.name in DROPINS
-    }
+    defined = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    functions = {node.name: VerlFunction.from_source(node) for node in defined if node.name in DROPINS}
     chosen, left = plan_replacements(functions)
+    unknown = [node.name for node in defined if not node.name.startswith("_") and node.name not in DROPINS]
+    left.update({name: "no drop-in knows this function" for name in unknown if name not in NOT_PACKING})
     return {
         "generation": detect_generation(functions),
         "util": str(path),
