@@ -1,10 +1,11 @@
 """``verl-cppack doctor``: versions, the verl util API generation, and whether (and where) the patch is in.
 
 By default nothing heavy is imported: versions come from package metadata, and the verl API generation and which
-of verl's packing functions the drop-ins stand in for (and why any is left to verl: a parameter the drop-in does
-not know) from the source of ``verl/models/mcore/util.py``, read with ``ast``. ``--verify`` installs the patch in
-this process, imports verl's caller modules and lists which of them now hold the drop-ins; it exits 1 when a
-packing function is left to verl, a caller is not covered or a CPU fix is refused.
+of verl's packing functions the drop-ins stand in for (and why any util function is left to verl: a parameter
+the drop-in does not know, or no drop-in for it) from the source of ``verl/models/mcore/util.py``, read with
+``ast``. ``--verify`` installs the patch in this process, imports verl's caller modules and lists which of them
+now hold the drop-ins; it exits 1 when a util function is left to verl, a caller is not covered or a CPU fix is
+refused.
 """
 
 from __future__ import annotations
