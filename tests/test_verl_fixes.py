@@ -1,4 +1,5 @@
-"""Where verl 0.9.1 is wrong, the drop-ins are right: checked against the slow pure-Python oracle.
+"""Where verl is wrong (docs/design.md, "Intended differences"), the drop-ins are right: checked against the slow
+pure-Python oracle.
 
 Integer 0/1 attention masks, short sequences under CP, FP8 (and MXFP8) padding under CP, ``need_roll`` at the end
 of a sequence, dtype of nested CP outputs, multi-dimensional trailing dims, stream lengths that verl would leave

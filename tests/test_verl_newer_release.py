@@ -2,9 +2,10 @@
 
 The stand-in for that newer verl is verl 0.9.1's wheel (``tests.verl_releases``) with one change to
 ``verl/models/mcore/util.py``: ``preprocess_thd_engine`` takes ``return_position_ids: bool = False`` (a keyword
-verl might add). With the plugin loaded, every module keeps verl's ``preprocess_thd_engine`` — which runs —
-while the other ten packing functions are replaced; ``verl-cppack doctor`` lists the one left to verl and why,
-without importing verl, and ``--verify`` exits 1.
+verl might add), and a new function ``pack_sequences_v2`` appears. With the plugin loaded, every module keeps
+verl's ``preprocess_thd_engine`` — which runs — while the other ten packing functions are replaced;
+``verl-cppack doctor`` lists both functions left to verl and why, without importing verl, and ``--verify``
+exits 1.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def newer_verl(tmp_path_factory) -> Path:
     util = folder / UTIL_PATH
     source = util.read_text()
     assert source.count(SIGNATURE_LINE) == 1, "verl 0.9.1's preprocess_thd_engine signature moved"
-    util.write_text(source.replace(SIGNATURE_LINE, SIGNATURE_LINE.replace(
-        '"zigzag",\n)', '"zigzag",\n    return_position_ids: bool = False,\n)')))  # fmt: skip
+    source = source.replace(SIGNATURE_LINE, SIGNATURE_LINE.replace(
+        '"zigzag",\n)', '"zigzag",\n    return_position_ids: bool = False,\n)'))  # fmt: skip
+    util.write_text(source + "\n\ndef pack_sequences_v2(input_ids):\n    return input_ids\n")
     return folder
 
 
@@ -86,10 +88,13 @@ def test_doctor_lists_the_function_left_to_verl(newer_verl):
     assert listing.returncode == 0, listing.stderr[-3000:]
     report = json.loads(listing.stdout)
     assert Path(report["verl_util"]["util"]).resolve() == (newer_verl / UTIL_PATH).resolve()
-    assert report["verl_util"]["left_to_verl"] == {"preprocess_thd_engine": REASON}
+    assert report["verl_util"]["left_to_verl"] == {
+        "pack_sequences_v2": "no drop-in knows this function", "preprocess_thd_engine": REASON,
+    }  # fmt: skip
     assert len(report["verl_util"]["replaceable"]) == 10
 
     verified = _python(newer_verl, "-m", "verl_cppack.cli", "doctor", "--verify")
     assert verified.returncode == 1, verified.stdout[-3000:] + verified.stderr[-3000:]
     assert f"left to verl: preprocess_thd_engine ({REASON})" in verified.stdout
+    assert "left to verl: pack_sequences_v2 (no drop-in knows this function)" in verified.stdout
     assert f"left to verl in this process: preprocess_thd_engine ({REASON})" in verified.stdout

@@ -98,6 +98,7 @@ def test_a_view_with_holes_is_read_by_its_real_lengths(context):
         (lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids, 1.5), TypeError, "pad_token_id must be an int for torch.int64"),
         (lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids, True), TypeError, "pad_token_id must be an int"),
         (lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids.to(torch.int8), 300), ValueError, "pad_token_id=300 does not fit"),
+        (lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids, 2**53 + 1), ValueError, r"pad_token_id=9007199254740993 is beyond 2\*\*53"),
         (lambda ids: vlm_masks.build_vlm_attn_mask_thd(torch.ones(2, 3), 0), TypeError, "input_ids must be a jagged nested tensor"),
         (lambda ids: vlm_masks.build_vlm_attn_mask_bshd(ids, 3, 0), ValueError, r"batch_size \(3\) must equal the number of sequences"),
         (lambda ids: vlm_masks.build_vlm_attn_mask_bshd(ids, 2.0, 0), TypeError, "batch_size must be an int"),

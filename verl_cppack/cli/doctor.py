@@ -1,10 +1,11 @@
 """``verl-cppack doctor``: versions, the verl util API generation, and whether (and where) the patch is in.
 
 By default nothing heavy is imported: versions come from package metadata, and the verl API generation and which
-of verl's packing functions the drop-ins stand in for (and why any is left to verl: a parameter the drop-in does
-not know) from the source of ``verl/models/mcore/util.py``, read with ``ast``. ``--verify`` installs the patch in
-this process, imports verl's caller modules and lists which of them now hold the drop-ins; it exits 1 when a
-packing function is left to verl, a caller is not covered or a CPU fix is refused.
+of verl's packing functions the drop-ins stand in for (and why any util function is left to verl: a parameter
+the drop-in does not know, or no drop-in for it) from the source of ``verl/models/mcore/util.py``, read with
+``ast``. ``--verify`` installs the patch in this process, imports verl's caller modules and lists which of them
+now hold the drop-ins; it exits 1 when a util function is left to verl, a caller is not covered or a CPU fix is
+refused.
 """
 
 from __future__ import annotations
@@ -62,16 +63,15 @@ def generation_from_source(path: Path) -> dict[str, Any]:
     """Read from util's source: the API generation (``patching.detect_generation``), the packing functions the
     drop-ins stand in for (``replaceable``) and those left to verl with the reason (``left_to_verl``), as
     ``install`` would decide them (``patching.plan_replacements``)."""
-    from verl_cppack.integrations.verl.patching import DROPINS, detect_generation, plan_replacements
+    from verl_cppack.integrations.verl.patching import DROPINS, NOT_PACKING, detect_generation, plan_replacements
     from verl_cppack.integrations.verl.signatures import VerlFunction
 
     tree = ast.parse(path.read_text())
-    functions = {
-        node.name: VerlFunction.from_source(node)
-        for node in tree.body
-        if isinstance(node, ast.FunctionDef) and node.name in DROPINS
-    }
+    defined = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    functions = {node.name: VerlFunction.from_source(node) for node in defined if node.name in DROPINS}
     chosen, left = plan_replacements(functions)
+    unknown = [node.name for node in defined if not node.name.startswith("_") and node.name not in DROPINS]
+    left.update({name: "no drop-in knows this function" for name in unknown if name not in NOT_PACKING})
     return {
         "generation": detect_generation(functions),
         "util": str(path),

@@ -101,16 +101,13 @@ def packed_seq_params_arguments(
     return cls, {name: value for name, value in values.items() if packed_seq_params_accepts(cls, name)}
 
 
-# Fields megatron-core added after 0.16 (0.17: total_tokens, seq_idx; 0.19: tokens_per_sample, pad_between_seqs).
-# They are set on the made object, never passed to the class: megatron's __post_init__ would derive seq_idx from
-# total_tokens with a repeat_interleave that reads the lengths back to the host.
-LATER_FIELDS = ("total_tokens", "seq_idx", "tokens_per_sample", "pad_between_seqs")
-
-
 def packed_seq_params_later_fields(
     plan: "PackPlan", cls: type, *, real_seqlens_in_attention: bool = False, include_total_tokens: bool = False
 ) -> dict[str, Any]:
-    """The later fields of ``plan``'s ``PackedSeqParams`` of class ``cls``, computed without a host sync:
+    """The fields megatron-core added after 0.16 (0.17: ``total_tokens``, ``seq_idx``; 0.19: ``tokens_per_sample``,
+    ``pad_between_seqs``) of ``plan``'s ``PackedSeqParams`` of class ``cls``, computed without a host sync. They are
+    set on the made object, never passed to the class: megatron's ``__post_init__`` would derive ``seq_idx`` from
+    ``total_tokens`` with a ``repeat_interleave`` that reads the lengths back to the host.
 
     - ``pad_between_seqs`` (a field of ``cls``): what Transformer Engine would otherwise compute in every attention
       layer with a ``torch.equal`` — whether ``cu_seqlens_q/kv`` differ from the padded offsets before the last;

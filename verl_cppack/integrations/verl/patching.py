@@ -93,6 +93,11 @@ DROPINS: dict[str, tuple[DropIn, ...]] = {
 }
 
 
+# util's public functions that pack nothing (an Ascend hook that returns None); any other public util function
+# without a drop-in is reported by ``verl-cppack doctor`` as unknown (and stays verl's)
+NOT_PACKING = frozenset({"preprocess_for_mindspeed"})
+
+
 @dataclass
 class PatchState:
     installed: bool = False

@@ -2,9 +2,9 @@
 
 verl (0.8+) calls them on every vision-language micro-batch: a jagged ``[B, j]`` batch of token ids becomes dense
 rows ``[B, S]`` (real tokens first, then ``pad_token_id``) and a bool mask ``[B, S]``, True at the real tokens.
-Here without a Python loop over rows: the mask is one comparison of the positions with the lengths, and the
-tokens fill the rows where it is True, in order, with one ``masked_scatter_`` (the jagged values are the real
-tokens row after row, which is that order). The only host read is the longest
+Here without a Python loop over rows: the rows are one ``to_padded_tensor`` with their size given (no host read,
+no temporary of the rows' size) and the mask one comparison of the positions with the lengths. The only host
+read is the longest
 sequence (``dropins.longest_sequence``: none when the micro-batch's plan already knows it, as after
 ``preprocess_thd_engine`` on the same ``input_ids``; none for ``build_vlm_attn_mask_bshd`` with
 ``forced_max_seqlen``).
@@ -40,6 +40,8 @@ def _check_pad_token_id(pad_token_id: object, dtype: torch.dtype) -> int | float
     info = torch.iinfo(dtype)
     if not info.min <= pad_token_id <= info.max:
         raise ValueError(f"pad_token_id={pad_token_id} does not fit the token ids' dtype {dtype} ({info.min}..{info.max})")
+    if abs(pad_token_id) > 2**53:  # the padding travels as a double: beyond 2**53 it would land on another id
+        raise ValueError(f"pad_token_id={pad_token_id} is beyond 2**53, where padding values lose their exactness")
     return pad_token_id
 
 
@@ -56,19 +58,18 @@ def padded_rows(nested: torch.Tensor, row_length: int, pad_token_id: int | float
     """Jagged ``[B, j, *]`` -> (``[B, row_length, *]`` real tokens first then ``pad_token_id``, mask ``[B, row_length]``
     bool, or ``[B, row_length, *]`` like the rows when the ids have trailing dimensions, as verl's). Every
     sequence must fit (``ValueError`` otherwise; on an accelerator a device-side assertion, no sync)."""
-    values, offsets = nested.values(), nested.offsets()  # [N, *], [B+1]
-    batch_size, trailing = offsets.shape[0] - 1, values.shape[1:]
+    offsets = nested.offsets()  # [B+1]
+    batch_size, trailing = offsets.shape[0] - 1, nested.shape[2:]
     lengths = offsets.diff()  # [B]
     require_true(
         (lengths <= row_length).all(),
         f"every sequence must fit the rows of {row_length} tokens (forced_max_seqlen below the longest sequence "
         "would cut sequences); raise forced_max_seqlen",
-    )
-    mask = torch.arange(row_length, device=values.device) < lengths.unsqueeze(1)  # [B, row_length]
-    per_element = mask.view(batch_size, row_length, *(1,) * len(trailing))  # broadcast over trailing dims
-    rows = values.new_full((batch_size, row_length, *trailing), pad_token_id).masked_scatter_(per_element, values)
+    )  # to_padded_tensor would cut them silently
+    rows = nested.to_padded_tensor(pad_token_id, output_size=(batch_size, row_length, *trailing))
+    mask = torch.arange(row_length, device=offsets.device) < lengths.unsqueeze(1)  # [B, row_length]
     if trailing:
-        mask = per_element.expand(batch_size, row_length, *trailing)
+        mask = mask.view(batch_size, row_length, *(1,) * len(trailing)).expand(rows.shape)
     return rows, mask
 
 
