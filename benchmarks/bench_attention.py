@@ -55,8 +55,12 @@ def _packed_step(model, plan, input_ids):
 
     def step():
         model.zero_grad(set_to_none=True)
-        logits = model(input_ids=plan.pack(input_ids), position_ids=None, attention_mask=None,
-                       packed_seq_params=packed_seq_params(plan))  # fmt: skip  # [1, T_local, V]
+        logits = model(
+            input_ids=plan.pack(input_ids),
+            position_ids=None,
+            attention_mask=None,
+            packed_seq_params=packed_seq_params(plan),
+        )  # [1, T_local, V]
         plan.unpack(logits).float().square().mean().backward()
 
     return step
@@ -87,8 +91,15 @@ def _worker(rank: int, world_size: int, store_path: str, args: argparse.Namespac
         plan = plan_from_mask(mask, ctx)
 
         def model(attention):
-            return build_tiny_gpt(vocab_size=VOCAB, hidden_size=128, num_layers=2, num_attention_heads=4,
-                                  num_query_groups=2, max_sequence_length=args.seq_len, attention=attention)  # fmt: skip
+            return build_tiny_gpt(
+                vocab_size=VOCAB,
+                hidden_size=128,
+                num_layers=2,
+                num_attention_heads=4,
+                num_query_groups=2,
+                max_sequence_length=args.seq_len,
+                attention=attention,
+            )
 
         if world_size == 1:
             gpt = model("allgather")
@@ -118,7 +129,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (1 is steadiest on a busy box)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads per process (1 is steadiest on a busy box)"
+    )
     args = parser.parse_args()
     _, mask = make_batch(args.batch_size, args.seq_len)
     print(f"batch {args.batch_size} x {args.seq_len}: {int(mask.sum())} valid tokens of {mask.numel()}")

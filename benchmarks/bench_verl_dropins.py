@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from verl_cppack.bench.batches import rollout_batch as rollout_batch_padded
-from verl_cppack.bench.counters import OpCounter, HostReadCounter
+from verl_cppack.bench.counters import HostReadCounter, OpCounter
 
 
 def rollout_batch(batch_size: int, seq_len: int, seed: int = 0):
@@ -57,9 +57,9 @@ def measure(call, repeats: int, before=None):
 def worker(rank: int, world_size: int, port: int, batch_sizes, seq_len: int, repeats: int, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    import verl.models.mcore.util as verl_util
     from megatron.core import parallel_state as mpu
 
-    import verl.models.mcore.util as verl_util
     from verl_cppack.integrations import verl as ours
 
     mpu.initialize_model_parallel(context_parallel_size=world_size)
@@ -74,6 +74,7 @@ def worker(rank: int, world_size: int, port: int, batch_sizes, seq_len: int, rep
                 local = torch.randn(1, packed.shape[1])
                 thd, thd_params, _ = impl.preprocess_thd_engine(nested)
                 thd_local = torch.randn(1, thd.shape[1])
+
                 def step(impl=impl, packed=packed, local=local):
                     impl.preprocess_packed_seqs(ids, mask)
                     impl.preprocess_packed_seqs(labels, mask)
@@ -85,10 +86,14 @@ def worker(rank: int, world_size: int, port: int, batch_sizes, seq_len: int, rep
                     "step (3 pre + 2 post)": (step, clear),
                     "preprocess_packed_seqs": (lambda: impl.preprocess_packed_seqs(ids, mask), clear),
                     "postprocess_packed_seqs": (
-                        lambda: impl.postprocess_packed_seqs(local, params, mask, batch_size, seq_len), None),
+                        lambda: impl.postprocess_packed_seqs(local, params, mask, batch_size, seq_len),
+                        None,
+                    ),
                     "preprocess_thd_engine": (lambda: impl.preprocess_thd_engine(nested), clear),
                     "postprocess_thd_engine": (
-                        lambda: impl.postprocess_thd_engine(thd_local, thd_params, nested, batch_size), None),
+                        lambda: impl.postprocess_thd_engine(thd_local, thd_params, nested, batch_size),
+                        None,
+                    ),
                 }
                 for case, (call, before) in cases.items():
                     seconds, ops, syncs = measure(call, repeats, before)
@@ -113,21 +118,33 @@ def main() -> None:
     context = mp.get_context("spawn")
     queue = context.SimpleQueue()
     mp.start_processes(
-        worker, args=(2, port, args.batch_sizes, args.seq_len, args.repeats, queue), nprocs=2, join=True,
+        worker,
+        args=(2, port, args.batch_sizes, args.seq_len, args.repeats, queue),
+        nprocs=2,
+        join=True,
         start_method="spawn",
     )
     rows = queue.get()
     table = {(b, case, impl): (s, ops, syncs) for b, case, impl, s, ops, syncs in rows}
     print(f"CP=2 (2 gloo processes), S={args.seq_len}, median of {args.repeats}; rank 0")
-    print(f"{'B':>5} {'function':24} {'verl ms':>9} {'ours ms':>9} {'speedup':>8} "
-          f"{'verl ops':>9} {'ours ops':>9} {'verl syncs':>10} {'ours syncs':>10}")
+    print(
+        f"{'B':>5} {'function':24} {'verl ms':>9} {'ours ms':>9} {'speedup':>8} "
+        f"{'verl ops':>9} {'ours ops':>9} {'verl syncs':>10} {'ours syncs':>10}"
+    )
     for batch_size in args.batch_sizes:
-        for case in ("preprocess_packed_seqs", "postprocess_packed_seqs", "step (3 pre + 2 post)",
-                     "preprocess_thd_engine", "postprocess_thd_engine"):
+        for case in (
+            "preprocess_packed_seqs",
+            "postprocess_packed_seqs",
+            "step (3 pre + 2 post)",
+            "preprocess_thd_engine",
+            "postprocess_thd_engine",
+        ):
             verl_s, verl_ops, verl_syncs = table[(batch_size, case, "verl")]
             ours_s, ours_ops, ours_syncs = table[(batch_size, case, "ours")]
-            print(f"{batch_size:>5} {case:24} {verl_s * 1e3:9.1f} {ours_s * 1e3:9.1f} {verl_s / ours_s:7.1f}x "
-                  f"{verl_ops:>9} {ours_ops:>9} {verl_syncs:>10} {ours_syncs:>10}")
+            print(
+                f"{batch_size:>5} {case:24} {verl_s * 1e3:9.1f} {ours_s * 1e3:9.1f} {verl_s / ours_s:7.1f}x "
+                f"{verl_ops:>9} {ours_ops:>9} {verl_syncs:>10} {ours_syncs:>10}"
+            )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     dataset = datasets.load_dataset(args.local_dir or DATA_SOURCE, "main")
     os.makedirs(args.output_dir, exist_ok=True)
     for split in ("train", "test"):
-        rows = dataset[split].map(lambda example, index: to_verl_row(example, index, split), with_indices=True,
-                                  remove_columns=dataset[split].column_names)
+        rows = dataset[split].map(
+            lambda example, index: to_verl_row(example, index, split),
+            with_indices=True,
+            remove_columns=dataset[split].column_names,
+        )
         path = os.path.join(args.output_dir, f"{split}.parquet")
         rows.to_parquet(path)
         print(f"{split}: {len(rows)} rows -> {path}")

@@ -43,8 +43,13 @@ def load_steps(dump: Path) -> list[list[dict]]:
     for path in files:
         try:
             rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            if not rows or not all(isinstance(row["input"], str) and row["input"] and isinstance(row["output"], str)
-                                   and isinstance(row["score"], (int, float)) for row in rows):  # fmt: skip
+            if not rows or not all(
+                isinstance(row["input"], str)
+                and row["input"]
+                and isinstance(row["output"], str)
+                and isinstance(row["score"], (int, float))
+                for row in rows
+            ):
                 raise ValueError("a row without a non-empty input, an output and a score")
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"{path} is not a verl rollout dump ({error})") from error
@@ -166,8 +171,11 @@ def main(argv=None) -> None:
     parser.add_argument("--mini-batches", type=int, default=CRITIC_MINI_BATCHES)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lookup", action="store_true", help="also the lookup reference")
-    parser.add_argument("--per-position", action="store_true",
-                        help="also the critic's and the lookup's errors per response position, last fifth of steps")
+    parser.add_argument(
+        "--per-position",
+        action="store_true",
+        help="also the critic's and the lookup's errors per response position, last fifth of steps",
+    )
     args = parser.parse_args(argv)
     if not 0 < args.lr < 1 or args.epochs < 1 or args.mini_batches < 1 or args.seed < 0:
         parser.error("--lr must be in (0, 1), --epochs and --mini-batches >= 1, --seed >= 0")
@@ -190,16 +198,20 @@ def main(argv=None) -> None:
     head = torch.nn.Linear(trunk.config.hidden_size, 1, bias=False)
     seen = []
     history = replay(steps, trunk, head, args.lr, args.epochs, args.mini_batches, args.seed, seen)
-    print(f"critic from {args.init}, lr {args.lr}, {args.epochs} epoch(s) x {args.mini_batches} mini-batches: "
-          f"explained variance last fifth {fifth_means(history)[1]:.3f}; per step {[round(x, 2) for x in history]}")
+    print(
+        f"critic from {args.init}, lr {args.lr}, {args.epochs} epoch(s) x {args.mini_batches} mini-batches: "
+        f"explained variance last fifth {fifth_means(history)[1]:.3f}; per step {[round(x, 2) for x in history]}"
+    )
     lookups = lookup_predictions(steps) if args.lookup or args.per_position else []
     if args.lookup and len(steps) < 2:
         print("lookup reference: none (it is fitted on the step before; the dump has one step)")
     elif args.lookup:
-        history = [float("nan")] + [explained_variance(lookup, returns, mask)
-                                    for lookup, (_, returns, mask) in zip(lookups[1:], seen[1:])]  # fmt: skip
-        print(f"lookup reference: last fifth {fifth_means(history[1:])[1]:.3f}; "
-              f"per step {[round(x, 2) for x in history]}")
+        history = [float("nan")] + [
+            explained_variance(lookup, returns, mask) for lookup, (_, returns, mask) in zip(lookups[1:], seen[1:])
+        ]
+        print(
+            f"lookup reference: last fifth {fifth_means(history[1:])[1]:.3f}; per step {[round(x, 2) for x in history]}"
+        )
     if args.per_position:
         print(per_position_table(seen, lookups))
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 
-def padded_lengths(lengths: list[int], slot_multiple: int, stream_multiple: int, min_stream_length: int = 0) -> list[int]:
+def padded_lengths(
+    lengths: list[int], slot_multiple: int, stream_multiple: int, min_stream_length: int = 0
+) -> list[int]:
     """Every slot up to a multiple of slot_multiple, then the last slot extended to the stream target."""
     padded = [math.ceil(n / slot_multiple) * slot_multiple for n in lengths]
     total = sum(padded)

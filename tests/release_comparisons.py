@@ -26,8 +26,17 @@ import torch
 import torch.distributed as dist
 
 H = 4  # hidden size of embeddings / outputs
-PSP_FIELDS = ("qkv_format", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded",
-              "max_seqlen_q", "max_seqlen_kv", "local_cp_size", "cp_group")  # fmt: skip
+PSP_FIELDS = (
+    "qkv_format",
+    "cu_seqlens_q",
+    "cu_seqlens_kv",
+    "cu_seqlens_q_padded",
+    "cu_seqlens_kv_padded",
+    "max_seqlen_q",
+    "max_seqlen_kv",
+    "local_cp_size",
+    "cp_group",
+)
 
 
 @dataclass(frozen=True)
@@ -162,8 +171,15 @@ class Comparison:
         self._count(function)
         return theirs, ours
 
-    def tensors(self, function: str, case: str, theirs: Any, ours: Any, regions: dict[str, torch.Tensor] | None = None,
-                prefix: str = "") -> None:  # fmt: skip
+    def tensors(
+        self,
+        function: str,
+        case: str,
+        theirs: Any,
+        ours: Any,
+        regions: dict[str, torch.Tensor] | None = None,
+        prefix: str = "",
+    ) -> None:
         """Equal dtype, shape and values; a mismatch is reported per region (bool masks over the leading positions of
         both tensors, named) or as ``values``."""
         if isinstance(theirs, torch.Tensor) and theirs.is_nested:
@@ -171,7 +187,9 @@ class Comparison:
                 self.findings.append(Finding(function, case, f"{prefix}type", "verl nested, ours not"))
                 return
             if theirs.dtype != ours.dtype:
-                self.findings.append(Finding(function, case, f"{prefix}dtype", f"verl {theirs.dtype}, ours {ours.dtype}"))
+                self.findings.append(
+                    Finding(function, case, f"{prefix}dtype", f"verl {theirs.dtype}, ours {ours.dtype}")
+                )
             theirs_parts, ours_parts = theirs.unbind(), ours.unbind()
             if len(theirs_parts) != len(ours_parts) or any(
                 a.shape != b.shape or not torch.equal(a.to(b.dtype), b) for a, b in zip(theirs_parts, ours_parts)
@@ -185,7 +203,9 @@ class Comparison:
         if theirs.dtype != ours.dtype:
             self.findings.append(Finding(function, case, f"{prefix}dtype", f"verl {theirs.dtype}, ours {ours.dtype}"))
         if theirs.shape != ours.shape:
-            self.findings.append(Finding(function, case, f"{prefix}shape", f"verl {tuple(theirs.shape)}, ours {tuple(ours.shape)}"))
+            self.findings.append(
+                Finding(function, case, f"{prefix}shape", f"verl {tuple(theirs.shape)}, ours {tuple(ours.shape)}")
+            )
             return
         differs = theirs.to(ours.dtype) != ours
         if not differs.any():
@@ -206,7 +226,9 @@ class Comparison:
     def params(self, function: str, case: str, theirs: Any, ours: Any) -> None:
         for field in PSP_FIELDS:
             if hasattr(theirs, field) or hasattr(ours, field):
-                self.tensors(function, case, getattr(theirs, field, None), getattr(ours, field, None), prefix=f"params.{field}:")
+                self.tensors(
+                    function, case, getattr(theirs, field, None), getattr(ours, field, None), prefix=f"params.{field}:"
+                )
 
 
 def accepts(function: Callable, name: str) -> bool:
@@ -214,37 +236,65 @@ def accepts(function: Callable, name: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ procedures
-def legacy_thd(c: Comparison, name_pre: str, name_post: str, verl: Any, ours: dict[str, Callable], data: dict,
-               cp_size: int, cp_rank: int, seed: int) -> None:  # fmt: skip
+def legacy_thd(
+    c: Comparison,
+    name_pre: str,
+    name_post: str,
+    verl: Any,
+    ours: dict[str, Callable],
+    data: dict,
+    cp_size: int,
+    cp_rank: int,
+    seed: int,
+) -> None:
     """``preprocess_packed_seqs`` / ``postprocess_packed_seqs`` (padded ``[B, S]`` batches)."""
     mask, (batch, seq_len) = data["mask"], data["mask"].shape
-    verl_pre, our_pre, verl_post, our_post = getattr(verl, name_pre), ours[name_pre], getattr(verl, name_post), ours[name_post]
+    verl_pre, our_pre, verl_post, our_post = (
+        getattr(verl, name_pre),
+        ours[name_pre],
+        getattr(verl, name_post),
+        ours[name_post],
+    )
     for fp8 in (False, True) if accepts(verl_pre, "use_fp8_padding") else (False,):
         options = {"use_fp8_padding": True} if fp8 else {}
         tag = f"fp8={fp8}"
         for key in ("input_ids", "label_mask", "position_ids3", "router", "embeddings"):
-            pair = c.run(name_pre, f"{tag} {key}", lambda: verl_pre(data[key], mask, True, **options),
-                         lambda: our_pre(data[key], mask, True, **options),
-                         trailing_dims=lambda: verl_pre(_first(data[key], 2), mask, True, **options),
-                         option=(lambda: verl_pre(data[key], mask, True)) if options else None)  # fmt: skip
+            pair = c.run(
+                name_pre,
+                f"{tag} {key}",
+                lambda: verl_pre(data[key], mask, True, **options),
+                lambda: our_pre(data[key], mask, True, **options),
+                trailing_dims=lambda: verl_pre(_first(data[key], 2), mask, True, **options),
+                option=(lambda: verl_pre(data[key], mask, True)) if options else None,
+            )
             if pair is not None:
                 c.tensors(name_pre, f"{tag} {key}", pair[0][0], pair[1][0])
                 c.params(name_pre, f"{tag} {key}", pair[0][1], pair[1][1])
-        pair = c.run(name_pre, f"{tag} params", lambda: verl_pre(data["input_ids"], mask, **options),
-                     lambda: our_pre(data["input_ids"], mask, **options),
-                     option=(lambda: verl_pre(data["input_ids"], mask)) if options else None)  # fmt: skip
+        pair = c.run(
+            name_pre,
+            f"{tag} params",
+            lambda: verl_pre(data["input_ids"], mask, **options),
+            lambda: our_pre(data["input_ids"], mask, **options),
+            option=(lambda: verl_pre(data["input_ids"], mask)) if options else None,
+        )
         if pair is None:
             continue
         (_, psp_verl), (_, psp_ours) = pair
-        local = torch.randn((1, int(psp_verl.cu_seqlens_q_padded[-1]) // cp_size, H),
-                            generator=torch.Generator().manual_seed(seed * 10 + cp_rank))  # fmt: skip
+        local = torch.randn(
+            (1, int(psp_verl.cu_seqlens_q_padded[-1]) // cp_size, H),
+            generator=torch.Generator().manual_seed(seed * 10 + cp_rank),
+        )
         weights = torch.randn((batch, seq_len, H), generator=torch.Generator().manual_seed(seed))
         for dtype in (torch.float32, torch.bfloat16):
             y_verl, y_ours = leaf(local, dtype), leaf(local, dtype)
             case = f"{tag} {dtype}"
-            pair = c.run(name_post, case, lambda: verl_post(y_verl, psp_verl, mask, batch, seq_len),
-                         lambda: our_post(y_ours, psp_ours, mask, batch, seq_len),
-                         dtype=lambda: verl_post(local.clone(), psp_verl, mask, batch, seq_len))  # fmt: skip
+            pair = c.run(
+                name_post,
+                case,
+                lambda: verl_post(y_verl, psp_verl, mask, batch, seq_len),
+                lambda: our_post(y_ours, psp_ours, mask, batch, seq_len),
+                dtype=lambda: verl_post(local.clone(), psp_verl, mask, batch, seq_len),
+            )
             if pair is None:
                 continue
             c.tensors(name_post, case, *pair)
@@ -258,19 +308,30 @@ def dict_output(c: Comparison, verl: Any, ours: dict[str, Callable], data: dict,
 
     name = "postprocess_packed_seqs_for_dict_output"
     mask, (batch, seq_len) = data["mask"], data["mask"].shape
-    pair = c.run(name, "pack", lambda: verl.preprocess_packed_seqs(data["label_mask"], mask),
-                 lambda: ours["preprocess_packed_seqs"](data["label_mask"], mask))  # fmt: skip
+    pair = c.run(
+        name,
+        "pack",
+        lambda: verl.preprocess_packed_seqs(data["label_mask"], mask),
+        lambda: ours["preprocess_packed_seqs"](data["label_mask"], mask),
+    )
     if pair is None:
         return
     (labels_verl, psp_verl), (labels_ours, psp_ours) = pair
     generator = torch.Generator().manual_seed(seed * 10 + 3 + cp_rank)
-    entropy, log_probs = torch.rand(labels_verl.shape[1], generator=generator), -torch.rand(labels_verl.shape[1], generator=generator)
+    entropy, log_probs = (
+        torch.rand(labels_verl.shape[1], generator=generator),
+        -torch.rand(labels_verl.shape[1], generator=generator),
+    )
 
     def output():
         return CausalLMOutputForPPO(log_probs=log_probs.clone(), entropy=entropy.clone())
 
-    pair = c.run(name, "dict", lambda: getattr(verl, name)(labels_verl, output(), psp_verl, mask, batch, seq_len),
-                 lambda: ours[name](labels_ours, output(), psp_ours, mask, batch, seq_len))  # fmt: skip
+    pair = c.run(
+        name,
+        "dict",
+        lambda: getattr(verl, name)(labels_verl, output(), psp_verl, mask, batch, seq_len),
+        lambda: ours[name](labels_ours, output(), psp_ours, mask, batch, seq_len),
+    )
     if pair is not None:
         for key in ("entropy", "log_probs"):
             c.tensors(name, key, pair[0][key], pair[1][key])
@@ -280,25 +341,42 @@ def legacy_bshd(c: Comparison, name_pre: str, name_post: str, verl: Any, ours: d
     """``preprocess_bshd`` / ``postprocess_bshd`` (0.6: ``remove_left_padding`` / ``recover_left_padding``)."""
     mask = data["mask"]
     positions = torch.cumsum(mask.long(), 1) - 1
-    verl_pre, our_pre, verl_post, our_post = getattr(verl, name_pre), ours[name_pre], getattr(verl, name_post), ours[name_post]
+    verl_pre, our_pre, verl_post, our_post = (
+        getattr(verl, name_pre),
+        ours[name_pre],
+        getattr(verl, name_post),
+        ours[name_post],
+    )
     for sequence_parallel in (False, True):
         for key in ("input_ids", "router", "embeddings"):
             case = f"sp={sequence_parallel} {key}"
-            pair = c.run(name_pre, case, lambda: verl_pre(data[key], mask, positions, sequence_parallel),
-                         lambda: our_pre(data[key], mask, positions, sequence_parallel),
-                         trailing_dims=lambda: verl_pre(_first(data[key], 2), mask, positions, sequence_parallel))  # fmt: skip
+            pair = c.run(
+                name_pre,
+                case,
+                lambda: verl_pre(data[key], mask, positions, sequence_parallel),
+                lambda: our_pre(data[key], mask, positions, sequence_parallel),
+                trailing_dims=lambda: verl_pre(_first(data[key], 2), mask, positions, sequence_parallel),
+            )
             if pair is not None:
                 for index, part in enumerate(("input_ids", "attention_mask", "position_ids")):
                     c.tensors(name_pre, case, pair[0][index], pair[1][index], prefix=f"{part}:")
-        pair = c.run(name_pre, f"sp={sequence_parallel}", lambda: verl_pre(data["input_ids"], mask, positions, sequence_parallel),
-                     lambda: our_pre(data["input_ids"], mask, positions, sequence_parallel))  # fmt: skip
+        pair = c.run(
+            name_pre,
+            f"sp={sequence_parallel}",
+            lambda: verl_pre(data["input_ids"], mask, positions, sequence_parallel),
+            lambda: our_pre(data["input_ids"], mask, positions, sequence_parallel),
+        )
         if pair is None:
             continue
         mask_verl, mask_ours = pair[0][1], pair[1][1]
         result = torch.randn((*mask_verl.shape, H), generator=torch.Generator().manual_seed(3))
         y_verl, y_ours = leaf(result, torch.float32), leaf(result, torch.float32)
-        pair = c.run(name_post, f"sp={sequence_parallel}", lambda: verl_post(y_verl, mask_verl, mask, mask.shape[1]),
-                     lambda: our_post(y_ours, mask_ours, mask, mask.shape[1]))  # fmt: skip
+        pair = c.run(
+            name_post,
+            f"sp={sequence_parallel}",
+            lambda: verl_post(y_verl, mask_verl, mask, mask.shape[1]),
+            lambda: our_post(y_ours, mask_ours, mask, mask.shape[1]),
+        )
         if pair is not None:
             c.tensors(name_post, f"sp={sequence_parallel}", *pair)
             pair[0].sum().backward()
@@ -319,27 +397,53 @@ def _thd_options(verl_pre: Callable, cp_size: int) -> list[dict]:
     return options
 
 
-def engine_thd(c: Comparison, name_pre: str, name_post: str, verl: Any, ours: dict[str, Callable], data: dict,
-               cp_size: int, cp_rank: int, seed: int) -> None:  # fmt: skip
+def engine_thd(
+    c: Comparison,
+    name_pre: str,
+    name_post: str,
+    verl: Any,
+    ours: dict[str, Callable],
+    data: dict,
+    cp_size: int,
+    cp_rank: int,
+    seed: int,
+) -> None:
     """The nested THD pair of every release: 0.6 ``*_packed_seqs_no_padding``, 0.7 ``*_thd_no_padding``, 0.8+
     ``*_thd_engine``."""
     mask = data["mask"]
-    verl_pre, our_pre, verl_post, our_post = getattr(verl, name_pre), ours[name_pre], getattr(verl, name_post), ours[name_post]
-    nested = {key: to_nested(data[key], mask) for key in ("input_ids", "label", "label_mask", "position_ids3", "router", "embeddings")}
+    verl_pre, our_pre, verl_post, our_post = (
+        getattr(verl, name_pre),
+        ours[name_pre],
+        getattr(verl, name_post),
+        ours[name_post],
+    )
+    nested = {
+        key: to_nested(data[key], mask)
+        for key in ("input_ids", "label", "label_mask", "position_ids3", "router", "embeddings")
+    }
     ids = nested["input_ids"]
     rolls = accepts(verl_pre, "need_roll")
     for option in _thd_options(verl_pre, cp_size):
         tag = ",".join(f"{k}={v}" for k, v in option.items()) or "default"
-        marker = c.run(name_pre, f"{tag} marker", lambda: verl_pre(ones_like_nested(ids), **option),
-                       lambda: our_pre(ones_like_nested(ids), **option),
-                       option=(lambda: verl_pre(ones_like_nested(ids))) if option else None)  # fmt: skip
+        marker = c.run(
+            name_pre,
+            f"{tag} marker",
+            lambda: verl_pre(ones_like_nested(ids), **option),
+            lambda: our_pre(ones_like_nested(ids), **option),
+            option=(lambda: verl_pre(ones_like_nested(ids))) if option else None,
+        )
         if marker is None:
             continue
         real = marker[0][0][0] == 1  # [T_local] verl's packing of ones: real tokens
         for key, x in nested.items():
-            pair = c.run(name_pre, f"{tag} {key}", lambda: verl_pre(x, **option), lambda: our_pre(x, **option),
-                         trailing_dims=lambda: verl_pre(_first(x, 2), **option),
-                         option=(lambda: verl_pre(x)) if option else None)  # fmt: skip
+            pair = c.run(
+                name_pre,
+                f"{tag} {key}",
+                lambda: verl_pre(x, **option),
+                lambda: our_pre(x, **option),
+                trailing_dims=lambda: verl_pre(_first(x, 2), **option),
+                option=(lambda: verl_pre(x)) if option else None,
+            )
             if pair is None:
                 continue
             c.tensors(name_pre, f"{tag} {key}", pair[0][0], pair[1][0])
@@ -348,17 +452,25 @@ def engine_thd(c: Comparison, name_pre: str, name_post: str, verl: Any, ours: di
                 regions = {"positions-real": real[None], "positions-padding": ~real[None]}
                 c.tensors(name_pre, f"{tag} {key}", pair[0][2], pair[1][2], regions=regions, prefix="positions:")
         if rolls:
-            last = c.run(name_pre, f"{tag} last marker", lambda: verl_pre(last_token_marker(ids), **option),
-                         lambda: our_pre(last_token_marker(ids), **option))  # fmt: skip
+            last = c.run(
+                name_pre,
+                f"{tag} last marker",
+                lambda: verl_pre(last_token_marker(ids), **option),
+                lambda: our_pre(last_token_marker(ids), **option),
+            )
             if last is None:
                 continue
             last_token = last[0][0][0] == 1
             regions = {"roll-last-token": last_token, "roll-padding": ~real}
             for key in ("label", "label_mask", "embeddings"):
-                pair = c.run(name_pre, f"{tag} need_roll {key}", lambda: verl_pre(nested[key], need_roll=True, **option),
-                             lambda: our_pre(nested[key], need_roll=True, **option),
-                             trailing_dims=lambda: verl_pre(_first(nested[key], 2), need_roll=True, **option),
-                             option=(lambda: verl_pre(nested[key], need_roll=True)) if option else None)  # fmt: skip
+                pair = c.run(
+                    name_pre,
+                    f"{tag} need_roll {key}",
+                    lambda: verl_pre(nested[key], need_roll=True, **option),
+                    lambda: our_pre(nested[key], need_roll=True, **option),
+                    trailing_dims=lambda: verl_pre(_first(nested[key], 2), need_roll=True, **option),
+                    option=(lambda: verl_pre(nested[key], need_roll=True)) if option else None,
+                )
                 if pair is None:
                     continue
                 c.tensors(name_pre, f"{tag} need_roll {key}", pair[0][0][0], pair[1][0][0], regions=regions)
@@ -371,14 +483,20 @@ def engine_thd(c: Comparison, name_pre: str, name_post: str, verl: Any, ours: di
             continue
         psp_verl, psp_ours = pair[0][1], pair[1][1]
         post_options = {k: v for k, v in option.items() if k in ("local_cp_size", "cp_layout")}
-        local = torch.randn((1, int(psp_verl.cu_seqlens_q_padded[-1]) // cp_size, H),
-                            generator=torch.Generator().manual_seed(seed * 10 + 5 + cp_rank))  # fmt: skip
+        local = torch.randn(
+            (1, int(psp_verl.cu_seqlens_q_padded[-1]) // cp_size, H),
+            generator=torch.Generator().manual_seed(seed * 10 + 5 + cp_rank),
+        )
         for dtype in (torch.float32, torch.bfloat16):
             y_verl, y_ours = leaf(local, dtype), leaf(local, dtype)
             case = f"{tag} {dtype}"
-            pair = c.run(name_post, case, lambda: verl_post(y_verl, psp_verl, ids, ids.size(0), **post_options),
-                         lambda: our_post(y_ours, psp_ours, ids, ids.size(0), **post_options),
-                         dtype=lambda: verl_post(local.clone(), psp_verl, ids, ids.size(0), **post_options))  # fmt: skip
+            pair = c.run(
+                name_post,
+                case,
+                lambda: verl_post(y_verl, psp_verl, ids, ids.size(0), **post_options),
+                lambda: our_post(y_ours, psp_ours, ids, ids.size(0), **post_options),
+                dtype=lambda: verl_post(local.clone(), psp_verl, ids, ids.size(0), **post_options),
+            )
             if pair is None:
                 continue
             c.tensors(name_post, case, *pair)
@@ -388,12 +506,27 @@ def engine_thd(c: Comparison, name_pre: str, name_post: str, verl: Any, ours: di
             c.tensors(name_post, case, y_verl.grad, y_ours.grad, prefix="grad:")
 
 
-def engine_bshd(c: Comparison, name_pre: str, name_post: str, verl: Any, ours: dict[str, Callable], data: dict,
-                cp_rank: int, seed: int) -> None:  # fmt: skip
+def engine_bshd(
+    c: Comparison,
+    name_pre: str,
+    name_post: str,
+    verl: Any,
+    ours: dict[str, Callable],
+    data: dict,
+    cp_rank: int,
+    seed: int,
+) -> None:
     """The nested BSHD pair: 0.7 ``*_bshd_no_padding``, 0.8+ ``*_bshd_engine``."""
     mask = data["mask"]
-    verl_pre, our_pre, verl_post, our_post = getattr(verl, name_pre), ours[name_pre], getattr(verl, name_post), ours[name_post]
-    nested = {key: to_nested(data[key], mask) for key in ("input_ids", "label", "position_ids3", "router", "embeddings")}
+    verl_pre, our_pre, verl_post, our_post = (
+        getattr(verl, name_pre),
+        ours[name_pre],
+        getattr(verl, name_post),
+        ours[name_post],
+    )
+    nested = {
+        key: to_nested(data[key], mask) for key in ("input_ids", "label", "position_ids3", "router", "embeddings")
+    }
     ids = nested["input_ids"]
     options = [{}]
     if accepts(verl_pre, "use_fp8_padding"):
@@ -403,22 +536,35 @@ def engine_bshd(c: Comparison, name_pre: str, name_post: str, verl: Any, ours: d
     for option in options:
         tag = ",".join(f"{k}={v}" for k, v in option.items()) or "default"
         for key, x in nested.items():
-            pair = c.run(name_pre, f"{tag} {key}", lambda: verl_pre(x, **option), lambda: our_pre(x, **option),
-                         trailing_dims=lambda: verl_pre(_first(x, 2), **option),
-                         option=(lambda: verl_pre(x)) if option else None)  # fmt: skip
+            pair = c.run(
+                name_pre,
+                f"{tag} {key}",
+                lambda: verl_pre(x, **option),
+                lambda: our_pre(x, **option),
+                trailing_dims=lambda: verl_pre(_first(x, 2), **option),
+                option=(lambda: verl_pre(x)) if option else None,
+            )
             if pair is not None:
                 for index, part in enumerate(("input_ids", "attention_mask", "position_ids")):
                     c.tensors(name_pre, f"{tag} {key}", pair[0][index], pair[1][index], prefix=f"{part}:")
-        marker = c.run(name_pre, f"{tag} last marker", lambda: verl_pre(last_token_marker(ids), **option),
-                       lambda: our_pre(last_token_marker(ids), **option))  # fmt: skip
+        marker = c.run(
+            name_pre,
+            f"{tag} last marker",
+            lambda: verl_pre(last_token_marker(ids), **option),
+            lambda: our_pre(last_token_marker(ids), **option),
+        )
         if marker is None:
             continue
         real, last_token = marker[0][1].bool(), marker[0][0] == 1  # [B, L] verl's mask; its packing of the marker
         regions = {"roll-last-token": last_token, "roll-padding": ~real}
         for key in ("label", "embeddings"):
-            pair = c.run(name_pre, f"{tag} need_roll {key}", lambda: verl_pre(nested[key], need_roll=True, **option),
-                         lambda: our_pre(nested[key], need_roll=True, **option),
-                         trailing_dims=lambda: verl_pre(_first(nested[key], 2), need_roll=True, **option))  # fmt: skip
+            pair = c.run(
+                name_pre,
+                f"{tag} need_roll {key}",
+                lambda: verl_pre(nested[key], need_roll=True, **option),
+                lambda: our_pre(nested[key], need_roll=True, **option),
+                trailing_dims=lambda: verl_pre(_first(nested[key], 2), need_roll=True, **option),
+            )
             if pair is not None:
                 c.tensors(name_pre, f"{tag} need_roll {key}", pair[0][0], pair[1][0], regions=regions)
         pair = c.run(name_pre, f"{tag} mask", lambda: verl_pre(ids, **option), lambda: our_pre(ids, **option))
@@ -429,8 +575,13 @@ def engine_bshd(c: Comparison, name_pre: str, name_post: str, verl: Any, ours: d
         for dtype in (torch.float32, torch.bfloat16):
             y_verl, y_ours = leaf(local, dtype), leaf(local, dtype)
             case = f"{tag} {dtype}"
-            pair = c.run(name_post, case, lambda: verl_post(y_verl, mask_verl), lambda: our_post(y_ours, mask_ours),
-                         dtype=lambda: verl_post(local.clone(), mask_verl))  # fmt: skip
+            pair = c.run(
+                name_post,
+                case,
+                lambda: verl_post(y_verl, mask_verl),
+                lambda: our_post(y_ours, mask_ours),
+                dtype=lambda: verl_post(local.clone(), mask_verl),
+            )
             if pair is None:
                 continue
             c.tensors(name_post, case, *pair)
@@ -446,19 +597,29 @@ def vlm_masks(c: Comparison, verl: Any, ours: dict[str, Callable], data: dict) -
     ids = to_nested(data["input_ids"], mask)
     for pad in (0, 7):
         if "build_vlm_attn_mask_thd" in ours:
-            pair = c.run("build_vlm_attn_mask_thd", f"pad={pad}", lambda: verl.build_vlm_attn_mask_thd(ids, pad),
-                         lambda: ours["build_vlm_attn_mask_thd"](ids, pad))  # fmt: skip
+            pair = c.run(
+                "build_vlm_attn_mask_thd",
+                f"pad={pad}",
+                lambda: verl.build_vlm_attn_mask_thd(ids, pad),
+                lambda: ours["build_vlm_attn_mask_thd"](ids, pad),
+            )
             if pair is not None:
                 for index, part in enumerate(("input_ids", "attention_mask")):
-                    c.tensors("build_vlm_attn_mask_thd", f"pad={pad}", pair[0][index], pair[1][index], prefix=f"{part}:")
+                    c.tensors(
+                        "build_vlm_attn_mask_thd", f"pad={pad}", pair[0][index], pair[1][index], prefix=f"{part}:"
+                    )
         if "build_vlm_attn_mask_bshd" in ours:
             function = verl.build_vlm_attn_mask_bshd
             forced = [None, mask.shape[1] + 3] if accepts(function, "forced_max_seqlen") else [None]
             for value in forced:
                 options = {} if value is None else {"forced_max_seqlen": value}
                 case = f"pad={pad} {options}"
-                pair = c.run("build_vlm_attn_mask_bshd", case, lambda: function(ids, ids.size(0), pad, **options),
-                             lambda: ours["build_vlm_attn_mask_bshd"](ids, ids.size(0), pad, **options))  # fmt: skip
+                pair = c.run(
+                    "build_vlm_attn_mask_bshd",
+                    case,
+                    lambda: function(ids, ids.size(0), pad, **options),
+                    lambda: ours["build_vlm_attn_mask_bshd"](ids, ids.size(0), pad, **options),
+                )
                 if pair is not None:
                     for index, part in enumerate(("input_ids", "attention_mask")):
                         c.tensors("build_vlm_attn_mask_bshd", case, pair[0][index], pair[1][index], prefix=f"{part}:")

@@ -80,8 +80,11 @@ def test_ring_and_allgather_equal_the_reference_forward_and_backward(cp_size):
         for name, layout, implementation, rows, *got in results:
             for what, value, full in zip(("out", "dq", "dk", "dv"), got, expected[name]):
                 torch.testing.assert_close(
-                    value, full.index_select(0, rows), atol=1e-5, rtol=1e-5,
+                    value,
+                    full.index_select(0, rows),
+                    atol=1e-5,
+                    rtol=1e-5,
                     msg=lambda m: f"{name} {layout}/{implementation} {what}: {m}",
-                )  # fmt: skip
+                )
             checked.add((name, layout, implementation))
     assert len(checked) == len(cases(cp_size)) * len(layouts)

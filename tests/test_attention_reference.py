@@ -9,7 +9,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_cppack.attention import allgather_kv_attention, context_parallel_attention, reference_attention, ring_attention
+from verl_cppack.attention import (
+    allgather_kv_attention,
+    context_parallel_attention,
+    reference_attention,
+    ring_attention,
+)
 from verl_cppack.attention.blocks import attention_block, merge_blocks
 from verl_cppack.attention.coordinates import zigzag_half_rows
 from verl_cppack.context import ParallelContext
@@ -131,7 +136,9 @@ def test_zigzag_half_rows_are_the_first_and_second_chunk_of_every_slot(cp_size):
     for rank in range(cp_size):
         positions = zigzag_indices(cu_padded, cp_size, rank)
         slot = torch.searchsorted(cu_padded.long(), positions, right=True) - 1
-        chunk = (positions - cu_padded.long()[slot]) // ((cu_padded[slot + 1] - cu_padded[slot]).long() // (2 * cp_size))
+        chunk = (positions - cu_padded.long()[slot]) // (
+            (cu_padded[slot + 1] - cu_padded[slot]).long() // (2 * cp_size)
+        )
         assert (chunk[first] == rank).all() and (chunk[second] == 2 * cp_size - 1 - rank).all()
 
 

@@ -50,7 +50,9 @@ def test_report_files_and_readme_section(rows, tmp_path):
 def test_the_vlm_mask_builders_are_measured_at_cp_1():
     """At CP=1 each point also times verl's VLM mask builders against the drop-ins: verl_cppack's ATen ops do not
     grow with B and it reads the host once per call; verl's reads grow with B. Its table follows the main one."""
-    vlm_rows = run_benchmark(BenchSettings(batch_sizes=(8, 32), seq_lens=(64,), cp_sizes=(1,), repeats=1, runs=2, warmup=0))
+    vlm_rows = run_benchmark(
+        BenchSettings(batch_sizes=(8, 32), seq_lens=(64,), cp_sizes=(1,), repeats=1, runs=2, warmup=0)
+    )
     for builder in ("thd", "bshd"):
         small, large = (row["vlm_masks"][builder] for row in vlm_rows)
         assert small["verl_cppack"]["aten_ops"] == large["verl_cppack"]["aten_ops"]
@@ -65,8 +67,13 @@ def test_times_of_several_runs_are_their_medians_and_counts_come_from_the_first(
 
     def run(scale):
         times = {"preprocess_ms": 1.0 * scale, "postprocess_ms": 2.0 * scale, "step_ms": 3.0 * scale, "aten_ops": 51}
-        return {"batch_size": 8, "verl": dict(times), "verl_cppack": dict(times), "preprocess_copies_ms": scale,
-                "pack_over_index_select": scale}
+        return {
+            "batch_size": 8,
+            "verl": dict(times),
+            "verl_cppack": dict(times),
+            "preprocess_copies_ms": scale,
+            "pack_over_index_select": scale,
+        }
 
     slower_verl = run(4.0)
     slower_verl["verl"]["preprocess_ms"] = 12.0

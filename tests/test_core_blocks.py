@@ -43,7 +43,9 @@ def test_block_copy_equals_a_loop(case, trailing, dtype):
     source_rows, pieces, block = case
     firsts, lengths, has_target = (np.array(column) for column in zip(*pieces))
     rows = torch.randn(source_rows, *trailing)
-    gather = block_copy(firsts.astype(np.int64), lengths.astype(np.int64), has_target.astype(bool), block, source_rows, CPU, dtype)
+    gather = block_copy(
+        firsts.astype(np.int64), lengths.astype(np.int64), has_target.astype(bool), block, source_rows, CPU, dtype
+    )
     assert gather.windows.dtype == (dtype if block == 1 else torch.int64)
     assert torch.equal(gather.gather(rows), loop_oracle(rows, firsts, lengths, has_target))
     if block == 1:
@@ -61,7 +63,12 @@ def test_blocks_of_pieces_without_target_can_read_a_zero_block(case):
     firsts, lengths, has_target = (np.array(column) for column in zip(*pieces))
     rows = torch.cat([torch.randn(source_rows, 2), torch.zeros(block, 2)])
     gather = block_copy(
-        firsts.astype(np.int64), lengths.astype(np.int64), has_target.astype(bool), block, source_rows + block, CPU,
+        firsts.astype(np.int64),
+        lengths.astype(np.int64),
+        has_target.astype(bool),
+        block,
+        source_rows + block,
+        CPU,
         zero_rows=source_rows,
     )
     assert torch.equal(gather.gather(rows), loop_oracle(rows, firsts, lengths, has_target))
@@ -87,7 +94,11 @@ def test_block_larger_than_the_source_is_refused():
 def test_gradient_of_a_block_copy_adds_the_output_gradient_back_to_each_row():
     """Backward through the overlapping windows view: every source row gets the gradient of the positions that
     copied it (and nothing from padding), checked numerically and against an index_add_ of the oracle index."""
-    firsts, lengths, has_target = np.array([3, 0, 40, 90]), np.array([37, 5, 20, 10]), np.array([True, False, True, True])
+    firsts, lengths, has_target = (
+        np.array([3, 0, 40, 90]),
+        np.array([37, 5, 20, 10]),
+        np.array([True, False, True, True]),
+    )
     gather = block_copy(firsts, lengths, has_target, 8, 100, CPU)
     rows = torch.randn(100, 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(gather.gather, (rows,))

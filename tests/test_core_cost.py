@@ -9,7 +9,7 @@ from tests.distributed import run_gloo
 from tests.op_counts import ops_without_fills
 from verl_cppack import ParallelContext, plan_from_mask, plan_from_nested
 from verl_cppack.bench.batches import rollout_batch
-from verl_cppack.bench.counters import OpCounter, HostReadCounter
+from verl_cppack.bench.counters import HostReadCounter, OpCounter
 from verl_cppack.packing import pack_copies
 
 pytestmark = pytest.mark.usefixtures("both_pack_paths")

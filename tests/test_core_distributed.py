@@ -45,7 +45,9 @@ def _expected_local_gradient(layout, world_size, rank, weights):
     padded = oracle.padded_lengths(lengths, 2 * world_size, 2 * world_size)
     stream = oracle.stream_of_rows(MASK, padded)
     index = oracle.local_indices(layout, oracle.offsets(padded), world_size, rank)
-    return torch.stack([torch.zeros(HIDDEN, dtype=weights.dtype) if stream[p] is None else weights[stream[p]] for p in index])
+    return torch.stack(
+        [torch.zeros(HIDDEN, dtype=weights.dtype) if stream[p] is None else weights[stream[p]] for p in index]
+    )
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -55,7 +57,7 @@ def test_unpack_gathers_the_batch_and_keeps_local_gradient(world_size, layout):
     mask = torch.tensor(MASK).bool()
     expected_full = torch.where(mask.unsqueeze(-1), x, 0.0)
     results = run_gloo(_unpack_and_backward, world_size, layout, "local")
-    for rank, (full, local_grad, local_index, other_dtypes) in enumerate(results):
+    for rank, (full, local_grad, _local_index, other_dtypes) in enumerate(results):
         assert full.dtype == torch.float64
         assert torch.equal(full, expected_full)
         assert torch.equal(local_grad, _expected_local_gradient(layout, world_size, rank, weights))
@@ -96,7 +98,10 @@ def test_nested_unpack_returns_the_sequences_on_every_rank():
     results = run_gloo(_nested_unpack, 2)
     for sequences, local_grad, valid in results:
         assert [s.tolist() for s in sequences] == [
-            [0, 1, 2, 3, 4], [], [20, 21, 22], [30, 31, 32, 33, 34, 35, 36, 37],
+            [0, 1, 2, 3, 4],
+            [],
+            [20, 21, 22],
+            [30, 31, 32, 33, 34, 35, 36, 37],
         ]
         assert torch.equal(local_grad, valid.float())
 

@@ -133,7 +133,9 @@ def test_empty_rows_are_fine_when_some_row_has_tokens():
 
 
 def test_layout_must_be_a_name_or_a_layout():
-    with pytest.raises(TypeError, match=r"layout must be one of \['contiguous', 'zigzag'\] \(a str\) or a Layout, got list"):
+    with pytest.raises(
+        TypeError, match=r"layout must be one of \['contiguous', 'zigzag'\] \(a str\) or a Layout, got list"
+    ):
         plan_from_mask(torch.ones(2, 4, dtype=torch.bool), layout=["zigzag"])
     with pytest.raises(ValueError, match="layout must be one of"):
         plan_from_mask(torch.ones(2, 4, dtype=torch.bool), layout="ring")
@@ -169,7 +171,9 @@ def test_all_gather_rank_major_arguments():
         all_gather_rank_major(local, None)
     with pytest.raises(TypeError, match="local must be a torch.Tensor"):
         all_gather_rank_major([1.0], ParallelContext())
-    assert torch.equal(all_gather_rank_major(local, ParallelContext(), zero_rows=2), torch.cat([local, torch.zeros(2, 2)]))
+    assert torch.equal(
+        all_gather_rank_major(local, ParallelContext(), zero_rows=2), torch.cat([local, torch.zeros(2, 2)])
+    )
 
 
 @pytest.mark.parametrize("group", ["world", 0, object()])
@@ -186,7 +190,10 @@ def test_document_ids_outside_the_documents_are_refused():
     for ids in ([[0, 1, 2, 1]], [[0, -1, 1, 1]]):
         with pytest.raises(ValueError, match=r"document_ids must lie in \[0, num_documents\) = \[0, 2\)"):
             document_mean_loss(losses, mask, torch.tensor(ids), 2)
-    assert document_mean_loss(losses * torch.tensor([[1.0, 3.0, 3.0, 3.0]]), mask, torch.tensor([[0, 1, 1, 1]]), 2).value == 2.0
+    assert (
+        document_mean_loss(losses * torch.tensor([[1.0, 3.0, 3.0, 3.0]]), mask, torch.tensor([[0, 1, 1, 1]]), 2).value
+        == 2.0
+    )
 
 
 def test_a_jagged_view_with_holes_is_planned_and_packed_by_its_real_lengths():
@@ -198,4 +205,9 @@ def test_a_jagged_view_with_holes_is_planned_and_packed_by_its_real_lengths():
     assert plan.seqlens.tolist() == [2, 3, 5, 1]
     expected = [0, 1, 11, 12, 13, 22, 23, 24, 25, 26, 33]  # base[i, start_i : start_i + length_i]
     assert plan.pack(view).view(-1).tolist() == expected
-    assert [row.tolist() for row in plan.unpack(plan.pack(view)).unbind()] == [[0, 1], [11, 12, 13], [22, 23, 24, 25, 26], [33]]
+    assert [row.tolist() for row in plan.unpack(plan.pack(view)).unbind()] == [
+        [0, 1],
+        [11, 12, 13],
+        [22, 23, 24, 25, 26],
+        [33],
+    ]

@@ -106,9 +106,26 @@ def test_token_ids_the_tokens_cannot_hold_are_refused(dtype):
 ALL_DTYPES = [
     getattr(torch, name)
     for name in (
-        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16", "bfloat16",
-        "float32", "float64", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
-        "float8_e5m2fnuz", "float8_e8m0fnu",
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
     )
     if isinstance(getattr(torch, name, None), torch.dtype)
 ]
@@ -132,8 +149,13 @@ def _bytes_of(x: torch.Tensor) -> torch.Tensor:
 def test_pack_restore_and_unpack_move_the_bytes_of_every_dtype(dtype, mask, cp_size, seed):
     mask_tensor = torch.tensor(mask)
     high = 2 if dtype == torch.bool else 256  # a bool byte is 0 or 1; any byte pattern for the others
-    source = torch.randint(0, high, (*mask_tensor.shape, 2 * torch.empty((), dtype=dtype).element_size()),
-                           generator=torch.Generator().manual_seed(seed), dtype=torch.uint8).view(dtype)
+    source = torch.randint(
+        0,
+        high,
+        (*mask_tensor.shape, 2 * torch.empty((), dtype=dtype).element_size()),
+        generator=torch.Generator().manual_seed(seed),
+        dtype=torch.uint8,
+    ).view(dtype)
     plans = [plan_from_mask(mask_tensor, ParallelContext(cp_size=cp_size, cp_rank=r)) for r in range(cp_size)]
     locals_ = [plan.pack(source) for plan in plans]
     for plan, local in zip(plans, locals_):
@@ -142,7 +164,9 @@ def test_pack_restore_and_unpack_move_the_bytes_of_every_dtype(dtype, mask, cp_s
         index = plan.local_index.tolist()
         valid = plan.local_valid_mask.tolist()
         for position, (stream_position, is_valid) in enumerate(zip(index, valid)):
-            expected = _bytes_of(source[stream[stream_position]]) if is_valid else torch.zeros_like(_bytes_of(source[0, 0]))
+            expected = (
+                _bytes_of(source[stream[stream_position]]) if is_valid else torch.zeros_like(_bytes_of(source[0, 0]))
+            )
             assert torch.equal(_bytes_of(local[0, position]), expected)
     restored = plans[0].restore(locals_)
     assert restored.dtype == dtype
@@ -150,5 +174,4 @@ def test_pack_restore_and_unpack_move_the_bytes_of_every_dtype(dtype, mask, cp_s
     assert torch.equal(_bytes_of(restored), torch.where(mask_tensor[..., None, None], _bytes_of(source), zeros))
     if cp_size == 1:
         assert torch.equal(_bytes_of(plans[0].unpack(locals_[0])), _bytes_of(restored))
-        assert torch.equal(_bytes_of(plans[0].unpack_nested(locals_[0]).values()),
-                           _bytes_of(source[mask_tensor]))
+        assert torch.equal(_bytes_of(plans[0].unpack_nested(locals_[0]).values()), _bytes_of(source[mask_tensor]))

@@ -45,7 +45,9 @@ def test_uses_megatron_class_when_installed():
 
 
 def test_fallback_dataclass_without_megatron(monkeypatch):
-    monkeypatch.setattr(megatron_integration, "packed_seq_params_class", lambda: megatron_integration.FallbackPackedSeqParams)
+    monkeypatch.setattr(
+        megatron_integration, "packed_seq_params_class", lambda: megatron_integration.FallbackPackedSeqParams
+    )
     params = packed_seq_params(plan_from_lengths([3, 5], ParallelContext(cp_size=2), layout="contiguous"))
     assert isinstance(params, megatron_integration.FallbackPackedSeqParams)
     assert params.cu_seqlens_q_padded.tolist() == [0, 4, 12]  # slots padded to 2 * CP = 4
@@ -54,7 +56,9 @@ def test_fallback_dataclass_without_megatron(monkeypatch):
 def test_contiguous_layout_needs_cp_partition_mode_on_megatron():
     pytest.importorskip("megatron.core.packed_seq_params")
     plan = plan_from_lengths([3, 5], ParallelContext(cp_size=2), layout="contiguous")
-    if "cp_partition_mode" in megatron_integration.packed_seq_params_fields(megatron_integration.packed_seq_params_class()):
+    if "cp_partition_mode" in megatron_integration.packed_seq_params_fields(
+        megatron_integration.packed_seq_params_class()
+    ):
         assert packed_seq_params(plan).cp_partition_mode == "contiguous"
     else:
         with pytest.raises(ValueError, match="cp_partition_mode"):

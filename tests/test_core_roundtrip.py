@@ -72,7 +72,9 @@ def _random_values(shape, dtype, seed):
     integer_mask=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_pack_matches_oracle_and_restore_is_identity(mask, cp_size, tp_size, fp8, layout, dtype, trailing, integer_mask, seed):
+def test_pack_matches_oracle_and_restore_is_identity(
+    mask, cp_size, tp_size, fp8, layout, dtype, trailing, integer_mask, seed
+):
     batch_size, seq_len = len(mask), len(mask[0])
     mask_tensor = torch.tensor(mask, dtype=torch.long if integer_mask else torch.bool)
     x = _random_values((batch_size, seq_len, *trailing), dtype, seed)
@@ -177,7 +179,9 @@ def test_stream_source_names_each_token_row_and_distinct_sinks_at_padding(mask, 
     batch_size, seq_len = len(mask), len(mask[0])
     plan = plan_from_mask(torch.tensor(mask, dtype=torch.bool), ParallelContext(cp_size=cp_size))
     slot_multiple, stream_multiple = _oracle_alignment(1, cp_size, False)
-    stream = oracle.stream_of_rows(mask, oracle.padded_lengths([sum(row) for row in mask], slot_multiple, stream_multiple))
+    stream = oracle.stream_of_rows(
+        mask, oracle.padded_lengths([sum(row) for row in mask], slot_multiple, stream_multiple)
+    )
     source = plan.stream_source.tolist()
     assert len(source) == len(stream)
     assert [s for s, where in zip(source, stream) if where] == [r * seq_len + c for r, c in filter(None, stream)]
@@ -259,8 +263,12 @@ def _check_wide_mask(mask, offset_view, cp_size):
         expected = [0 if stream[p] is None else int(x[stream[p]]) for p in index]
         assert plan.pack(x)[0].tolist() == expected
         assert plan.pack(x, shift=1)[0].tolist() == [
-            int(x[stream[p + 1]]) if stream[p] is not None and p + 1 < len(stream) and stream[p + 1] is not None
-            and stream[p + 1][0] == stream[p][0] else 0
+            int(x[stream[p + 1]])
+            if stream[p] is not None
+            and p + 1 < len(stream)
+            and stream[p + 1] is not None
+            and stream[p + 1][0] == stream[p][0]
+            else 0
             for p in index
         ]
     assert torch.equal(plan.restore(local_outputs), x * mask_tensor)  # back to the rows, zeros at padding

@@ -20,8 +20,15 @@ from verl_cppack.jobs import counting_reward_model as reward_model  # noqa: E402
 from verl_cppack.jobs.counting_reward import RESPONSE_LENGTH, SYMBOLS, score_response  # noqa: E402
 from verl_cppack.jobs.counting_task import CountingAssets, build_tokenizer, ensure_counting_assets  # noqa: E402
 
-TINY = CountingAssets(hidden_size=32, intermediate_size=64, num_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, train_prompts=8, test_prompts=8)  # fmt: skip
+TINY = CountingAssets(
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    train_prompts=8,
+    test_prompts=8,
+)
 QUICK = reward_model.RewardModelTraining()  # the default training, on a smaller model
 
 
@@ -29,7 +36,7 @@ QUICK = reward_model.RewardModelTraining()  # the default training, on a smaller
 @settings(max_examples=50, deadline=None)
 def test_made_up_responses_are_scored_by_the_tasks_reward_function(seed):
     prompt, response, score = reward_model.sample_scored_response(random.Random(seed))
-    assert 2 <= len(prompt) and set(prompt + response) <= set(SYMBOLS) and len(response) <= RESPONSE_LENGTH
+    assert len(prompt) >= 2 and set(prompt + response) <= set(SYMBOLS) and len(response) <= RESPONSE_LENGTH
     assert score == score_response(prompt[-1], response)
 
 

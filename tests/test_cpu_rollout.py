@@ -8,7 +8,6 @@ logic is a plain class) and, once, as the Ray actor ``HFReplica`` launches, with
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 
 import pytest
 import torch
@@ -160,8 +159,10 @@ def test_under_full_determinism_each_named_request_repeats_whatever_the_arrival_
     assert {name: _generate(second, request_id=name).token_ids for name in reversed(names)} == group
     assert _generate(second, request_id="det-0").token_ids != group["det-0"]  # the next step's row 0: a new draw
     # by default the uuid request ids stay out of the seed: the first request for a prompt draws the same either way
-    assert _generate(_server(model_path, ignore_eos=True), request_id="det-0").token_ids == \
-        _generate(_server(model_path, ignore_eos=True), request_id="uuid").token_ids
+    assert (
+        _generate(_server(model_path, ignore_eos=True), request_id="det-0").token_ids
+        == _generate(_server(model_path, ignore_eos=True), request_id="uuid").token_ids
+    )
 
 
 def test_end_of_sequence_stops_and_is_part_of_the_response(model_path):
@@ -308,4 +309,4 @@ def test_replica_server_actor_generates_and_the_adapter_pushes_weights(model_pat
 
 
 def test_the_registered_adapter_name_is_the_adapter_class():
-    assert fixes.HF_ROLLOUT_ADAPTER == f"{HFServerAdapter.__module__}.{HFServerAdapter.__qualname__}"
+    assert f"{HFServerAdapter.__module__}.{HFServerAdapter.__qualname__}" == fixes.HF_ROLLOUT_ADAPTER

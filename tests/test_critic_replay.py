@@ -30,19 +30,21 @@ spec.loader.exec_module(critic_replay)
 
 rows_strategy = st.lists(
     st.tuples(st.text(SYMBOLS, min_size=2, max_size=6), st.text(SYMBOLS, min_size=0, max_size=RESPONSE_LENGTH)),
-    min_size=1, max_size=6,
-)  # fmt: skip
+    min_size=1,
+    max_size=6,
+)
 
 
 @given(pairs=rows_strategy)
 @settings(max_examples=60, deadline=None)
 def test_values_are_read_at_the_position_before_each_response_token_as_verl_does(pairs):
-    rows = [{"input": prompt, "output": output, "score": score_response(prompt[-1], output)}
-            for prompt, output in pairs]  # fmt: skip
+    rows = [
+        {"input": prompt, "output": output, "score": score_response(prompt[-1], output)} for prompt, output in pairs
+    ]
     tokenizer = build_tokenizer()
     input_ids, _, last_position = encode_batch(tokenizer, [(r["input"], r["output"], r["score"]) for r in rows])
     positions, mask, returns = critic_replay.response_positions(rows, last_position)
-    assert 0 <= int(positions.min()) and int(positions.max()) < input_ids.shape[1]  # gather-safe, masked ones too
+    assert int(positions.min()) >= 0 and int(positions.max()) < input_ids.shape[1]  # gather-safe, masked ones too
     for index, row in enumerate(rows):
         response_tokens = len(row["output"]) + (len(row["output"]) < RESPONSE_LENGTH)  # a stopped response has EOS
         expected = [len(row["input"]) - 1 + t for t in range(response_tokens)]
@@ -79,13 +81,20 @@ def test_a_replay_runs_over_a_made_up_dump(tmp_path):
 
     from transformers import LlamaForCausalLM
 
-    tiny = CountingAssets(hidden_size=32, intermediate_size=64, num_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, train_prompts=8, test_prompts=8)  # fmt: skip
+    tiny = CountingAssets(
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        train_prompts=8,
+        test_prompts=8,
+    )
     trunk = LlamaForCausalLM.from_pretrained(ensure_counting_assets(tiny, root=tmp_path / "assets").model).model
     head = torch.nn.Linear(32, 1, bias=False)
     seen = []
     history = critic_replay.replay(steps, trunk, head, lr=1e-3, epochs=1, mini_batches=2, seed=0, seen=seen)
-    assert len(history) == 3 and all(map(lambda x: x == x, history)) and len(seen) == 3
+    assert len(history) == 3 and all(x == x for x in history) and len(seen) == 3
     lookups = critic_replay.lookup_predictions(steps)
     assert lookups[0] is None and [lookup.shape for lookup in lookups[1:]] == [seen[1][0].shape] * 2
     table = critic_replay.per_position_table(seen, lookups).splitlines()
@@ -95,8 +104,11 @@ def test_a_replay_runs_over_a_made_up_dump(tmp_path):
 def test_the_lookup_predicts_the_previous_steps_mean_return_of_each_key():
     """Keys (t, earlier tokens right, last one right), worked by hand: the three rows of step 1 share the keys of
     t=0 and t=1 (the third row's "4" is right after "3"); from t=2 on only the two fully right rows share them."""
-    first = [{"input": "3", "output": "456789", "score": 1.0}, {"input": "7", "output": "89abcd", "score": 1.0},
-             {"input": "3", "output": "4f", "score": 1 / 6}]  # fmt: skip
+    first = [
+        {"input": "3", "output": "456789", "score": 1.0},
+        {"input": "7", "output": "89abcd", "score": 1.0},
+        {"input": "3", "output": "4f", "score": 1 / 6},
+    ]
     second = [{"input": "0", "output": "123456", "score": 1.0}, {"input": "0", "output": "1", "score": 1 / 6}]
     _, predicted = critic_replay.lookup_predictions([first, second])
     all_three = (1 + 1 + 1 / 6) / 3

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from verl_cppack import ParallelContext
-from verl_cppack.bench.counters import OpCounter, HostReadCounter
+from verl_cppack.bench.counters import HostReadCounter, OpCounter
 from verl_cppack.loss import document_mean_loss, token_mean_loss
 from verl_cppack.packing.documents import pack_documents
 
@@ -32,7 +32,10 @@ def costs(batch_size: int, ctx: ParallelContext) -> dict[str, tuple[int, int]]:
     for name, reduce in (
         ("token_skip", lambda: token_mean_loss(losses, docs.loss_mask, on_empty="skip")),
         ("token_raise", lambda: token_mean_loss(losses, docs.loss_mask)),
-        ("document_skip", lambda: document_mean_loss(losses, docs.loss_mask, docs.document_ids, docs.num_documents, on_empty="skip")),
+        (
+            "document_skip",
+            lambda: document_mean_loss(losses, docs.loss_mask, docs.document_ids, docs.num_documents, on_empty="skip"),
+        ),
     ):
         with OpCounter() as counter, HostReadCounter() as tolist:
             reduce()

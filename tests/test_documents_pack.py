@@ -31,7 +31,9 @@ def bits(tensor: torch.Tensor) -> str:
 
 def pack_all_ranks(tokens: torch.Tensor, cp_size: int, tp_size: int = 1, **kwargs) -> list[PackedDocuments]:
     return [
-        pack_documents(tokens, eod_id=EOD, pad_id=PAD, ctx=ParallelContext(tp_size=tp_size, cp_size=cp_size, cp_rank=r), **kwargs)
+        pack_documents(
+            tokens, eod_id=EOD, pad_id=PAD, ctx=ParallelContext(tp_size=tp_size, cp_size=cp_size, cp_rank=r), **kwargs
+        )
         for r in range(cp_size)
     ]
 
@@ -142,13 +144,13 @@ def test_corner_cases_cut_documents_and_labels_exactly(rows, documents, cp_size)
     starts = ranks[0].cu_seqlens_padded.tolist()
     for index, document in enumerate(documents):
         start = starts[index]
-        assert names(stream_tokens[start : start + len(document)]) == " ".join(
-            "P" if c == "_" else c for c in document
-        )
+        assert names(stream_tokens[start : start + len(document)]) == " ".join("P" if c == "_" else c for c in document)
         expected_labels = " ".join(list(document[1:]) + ["P"])
         assert names(stream_labels[start : start + len(document)]) == expected_labels
         assert bits(stream_mask[start : start + len(document)]) == "1" * (len(document) - 1) + "0"
-        assert bits(stream_mask[start + len(document) : starts[index + 1]]) == "0" * (starts[index + 1] - start - len(document))
+        assert bits(stream_mask[start + len(document) : starts[index + 1]]) == "0" * (
+            starts[index + 1] - start - len(document)
+        )
 
 
 def restore_stream(local_tensors: list[torch.Tensor], docs: PackedDocuments) -> torch.Tensor:
@@ -212,7 +214,9 @@ def test_bad_input_is_rejected_with_a_clear_error():
     with pytest.raises(ValueError, match="not both"):
         pack_documents(WORKED, eod_id=EOD, pad_id=PAD, fp8=True, alignment=4)
     with pytest.raises(ValueError, match="slot_multiple"):
-        pack_documents(WORKED, eod_id=EOD, pad_id=PAD, ctx=ParallelContext(cp_size=2), alignment=Alignment.per_stream(4))
+        pack_documents(
+            WORKED, eod_id=EOD, pad_id=PAD, ctx=ParallelContext(cp_size=2), alignment=Alignment.per_stream(4)
+        )
     docs = pack_documents(WORKED, eod_id=EOD, pad_id=PAD)
     with pytest.raises(ValueError, match=r"\[2, 8, \*\]"):
         docs.pack(torch.zeros(2, 7))
@@ -242,7 +246,9 @@ def oracle_documents(rows: list[list[int]]) -> list[list[tuple[int, int]]]:
 token_rows = st.integers(1, 4).flatmap(
     lambda b: st.integers(1, 12).flatmap(
         lambda s: st.lists(
-            st.lists(st.sampled_from([PAD, PAD, EOD, EOD, 10, 11, 12, 13]), min_size=s, max_size=s), min_size=b, max_size=b
+            st.lists(st.sampled_from([PAD, PAD, EOD, EOD, 10, 11, 12, 13]), min_size=s, max_size=s),
+            min_size=b,
+            max_size=b,
         )
     )
 )

@@ -76,7 +76,9 @@ def test_split_microbatches_chunks_per_microbatch_fields_and_shares_whole_batch_
             assert params.whole_batch_num_loss_tokens == 17 and params.whole_batch_num_valid_tokens == 13 + 11
             assert params.whole_batch_num_documents == 7 and params.whole_batch_num_microbatches == 2
     # the loss tokens of every micro-batch on every CP rank add up to the whole-batch count
-    total = sum(int(documents_packed_seq_params(m).local_loss_mask.sum()) for microbatches in per_rank for m in microbatches)
+    total = sum(
+        int(documents_packed_seq_params(m).local_loss_mask.sum()) for microbatches in per_rank for m in microbatches
+    )
     assert total == 17
 
 

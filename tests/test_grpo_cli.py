@@ -5,7 +5,6 @@ verl's trainer and the Ray cluster it started (exit 130, nothing left running)."
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -20,14 +19,17 @@ from verl_cppack.jobs.verl_job import JobSettings, prepare_job  # noqa: E402
 
 
 def grpo(*arguments: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "verl_cppack.cli", "grpo", *arguments], capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "verl_cppack.cli", "grpo", *arguments], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_the_default_configuration_is_the_gpu_recipe_with_the_cpu_overlay(tmp_path):
     """The GSM8K recipe's algorithm settings survive; the overlay sets CP=2 for actor and reference, the plugin,
     the Hugging Face rollout, float32 and the host; user overrides come last and win."""
-    prepared = prepare_job(GRPO, JobSettings(overrides=("actor_rollout_ref.actor.kl_loss_coef=0.5",)), output_dir=tmp_path)
+    prepared = prepare_job(
+        GRPO, JobSettings(overrides=("actor_rollout_ref.actor.kl_loss_coef=0.5",)), output_dir=tmp_path
+    )
     config = prepared.config
     assert config.algorithm.adv_estimator == "grpo" and config.actor_rollout_ref.actor.use_kl_loss  # from the recipe
     assert config.actor_rollout_ref.actor.kl_loss_type == "low_var_kl"
@@ -121,7 +123,9 @@ def _trainer_and_ray(command_pid: int) -> set:
         descendants = psutil.Process(command_pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return set()
-    return {p for p in descendants if any(name in " ".join(_cmdline(p)) for name in ("raylet", "gcs_server", "main_ppo"))}
+    return {
+        p for p in descendants if any(name in " ".join(_cmdline(p)) for name in ("raylet", "gcs_server", "main_ppo"))
+    }
 
 
 def _cmdline(process) -> list[str]:
@@ -151,8 +155,11 @@ def test_ctrl_c_or_a_kill_stops_the_trainer_and_its_ray_cluster(tmp_path, stop):
 
     process = subprocess.Popen(
         [sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "500", "--output", str(tmp_path / "out")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+    )
     started: set = set()
     try:
         deadline = time.monotonic() + 240

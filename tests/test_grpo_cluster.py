@@ -33,8 +33,15 @@ ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
 pytestmark = pytest.mark.slow
-ACTOR_PROCESS_TITLES = ("ray::WorkerDict", "ray::TaskRunner", "ray::HF", "ray::AgentLoop", "ray::Reward", "ray::Simple",
-                        "ray::TransferQueue")  # fmt: skip
+ACTOR_PROCESS_TITLES = (
+    "ray::WorkerDict",
+    "ray::TaskRunner",
+    "ray::HF",
+    "ray::AgentLoop",
+    "ray::Reward",
+    "ray::Simple",
+    "ray::TransferQueue",
+)
 
 
 def start_two_nodes():
@@ -94,8 +101,17 @@ def test_three_grpo_steps_across_two_nodes(two_nodes, tmp_path):
 
 def test_a_cluster_without_the_slots_is_refused_within_a_minute(two_nodes, tmp_path):
     started = time.monotonic()
-    result = grpo(tmp_path / "out", "--steps", "3", "--cp", "4", "--nnodes", "2", env={"RAY_ADDRESS": two_nodes.address},
-                  timeout=120)  # fmt: skip
+    result = grpo(
+        tmp_path / "out",
+        "--steps",
+        "3",
+        "--cp",
+        "4",
+        "--nnodes",
+        "2",
+        env={"RAY_ADDRESS": two_nodes.address},
+        timeout=120,
+    )
     assert time.monotonic() - started < 60
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -124,10 +140,26 @@ def test_a_node_that_dies_mid_run_ends_the_job_with_exit_3(tmp_path):
         head_raylet = cluster.head_node.all_processes["raylet"][0].process.pid
         second_raylet = psutil.Process(second.all_processes["raylet"][0].process.pid)
         job = subprocess.Popen(
-            [sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "30", "--cp", "2", "--nnodes", "2",
-             "--address", cluster.address, "--output", str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [
+                sys.executable,
+                "-m",
+                "verl_cppack.cli",
+                "grpo",
+                "--steps",
+                "30",
+                "--cp",
+                "2",
+                "--nnodes",
+                "2",
+                "--address",
+                cluster.address,
+                "--output",
+                str(output),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         try:
             deadline = time.monotonic() + 600
             while not ((output / "metrics.jsonl").exists() and (output / "metrics.jsonl").read_text().strip()):
@@ -149,9 +181,10 @@ def test_a_node_that_dies_mid_run_ends_the_job_with_exit_3(tmp_path):
         finished = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
         assert len(finished) >= 1 and finished[0]["step"] == 1
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (job_processes(head_raylet) or
-                                               any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                                                   for p in on_second_node)):  # fmt: skip
+        while time.monotonic() < deadline and (
+            job_processes(head_raylet)
+            or any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in on_second_node)
+        ):
             time.sleep(1)
         assert not job_processes(head_raylet)
         assert not [p.pid for p in on_second_node if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

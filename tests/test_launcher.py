@@ -111,8 +111,13 @@ def test_a_launcher_killed_outright_still_stops_its_trainer(tmp_path):
         run_trainer(StandInRun(Path({str(tmp_path)!r}), "wait"), lambda record: print("step", flush=True))
         """
     )
-    process = subprocess.Popen([sys.executable, "-c", launcher], cwd=Path(__file__).resolve().parents[1],
-                               stdout=subprocess.PIPE, text=True, preexec_fn=default_sigint)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-c", launcher],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+    )
     try:
         assert process.stdout.readline() == "step\n"
         process.kill()

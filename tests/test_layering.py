@@ -20,7 +20,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("collectives", ("verl_cppack.collectives",)),
     ("packing", ("verl_cppack.packing", "verl_cppack.attention", "verl_cppack.loss")),
     ("integrations", ("verl_cppack.integrations", "verl_cppack.logprobs", "verl_cppack.verl_plugin")),
-    ("jobs/CLI", ("verl_cppack.jobs", "verl_cppack.cli", "verl_cppack.bench", "verl_cppack")),  # the package: the public API
+    (
+        "jobs/CLI",
+        ("verl_cppack.jobs", "verl_cppack.cli", "verl_cppack.bench", "verl_cppack"),
+    ),  # the package: the public API
 )
 
 

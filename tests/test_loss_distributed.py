@@ -69,11 +69,15 @@ def restore(tokens, layout, cp_size, local_grads) -> torch.Tensor:
     return docs.plan.restore(local_grads)  # [B, S]
 
 
-def all_checks_on_rank(rank: int, world_size: int, tokens: torch.Tensor, layouts: tuple[str, ...], megatron: bool) -> dict:
+def all_checks_on_rank(
+    rank: int, world_size: int, tokens: torch.Tensor, layouts: tuple[str, ...], megatron: bool
+) -> dict:
     """Everything one gloo run checks (process start-up is the expensive part on CPU)."""
     results = {layout: reduce_on_rank(rank, world_size, tokens, layout) for layout in layouts}
     if megatron:
-        results["megatron"] = {mode: megatron_contract_on_rank(rank, world_size, tokens, mode) for mode in (True, False)}
+        results["megatron"] = {
+            mode: megatron_contract_on_rank(rank, world_size, tokens, mode) for mode in (True, False)
+        }
     if world_size == 4:
         results["dp"] = reduce_over_cp_and_dp(rank)
     return results
@@ -87,7 +91,9 @@ def reduce_over_cp_and_dp(rank: int) -> tuple[float, int, float, int]:
     ctx = ParallelContext(cp_size=2, cp_rank=cp_rank, cp_group=cp_groups[replica])
     docs, losses = losses_on_rank(random_batch(seed=10 + replica), ctx, "zigzag")
     token = token_mean_loss(losses, docs.loss_mask, ctx, dp_group=dp_groups[cp_rank])
-    document = document_mean_loss(losses, docs.loss_mask, docs.document_ids, docs.num_documents, ctx, dp_group=dp_groups[cp_rank])
+    document = document_mean_loss(
+        losses, docs.loss_mask, docs.document_ids, docs.num_documents, ctx, dp_group=dp_groups[cp_rank]
+    )
     return token.value.item(), int(token.num_tokens), document.value.item(), int(document.num_tokens)
 
 
@@ -166,4 +172,6 @@ def test_megatron_schedule_contract_gives_the_cp1_gradient(gloo_runs, per_token)
     reference = megatron_contract_on_rank(0, 1, tokens, per_token)
     grads = [run["megatron"][per_token] for run in runs]
     # each rank's gradient lives on its own chunk; DDP's reduction adds the chunks
-    assert torch.allclose(restore(tokens, "zigzag", 2, grads), restore(tokens, "zigzag", 1, [reference]), rtol=1e-12, atol=0)
+    assert torch.allclose(
+        restore(tokens, "zigzag", 2, grads), restore(tokens, "zigzag", 1, [reference]), rtol=1e-12, atol=0
+    )

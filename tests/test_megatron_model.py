@@ -94,7 +94,9 @@ def test_log_probs_follow_the_next_token_inside_each_row():
         torch.testing.assert_close(valid_log_probs[:-1], expected.detach())
         assert valid_log_probs[-1] == 0  # the last token has no next token
         distribution = torch.softmax(logits, -1)
-        torch.testing.assert_close(entropy[row][mask[row].bool()], -(distribution * distribution.log()).sum(-1).detach())
+        torch.testing.assert_close(
+            entropy[row][mask[row].bool()], -(distribution * distribution.log()).sum(-1).detach()
+        )
     assert (log_probs[~mask.bool()] == 0).all() and (entropy[~mask.bool()] == 0).all()
 
 
@@ -157,8 +159,8 @@ def test_tiny_gpt_log_probs_entropy_and_gradients_do_not_depend_on_cp(cp_world):
 def packed_equals_padded_rank(rank, world_size):
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
-    from verl_cppack.integrations.megatron_model import build_tiny_gpt, init_megatron_parallel
     from verl_cppack.integrations.megatron import packed_seq_params
+    from verl_cppack.integrations.megatron_model import build_tiny_gpt, init_megatron_parallel
     from verl_cppack.packing.builders import plan_from_mask
 
     ctx = init_megatron_parallel()
@@ -166,8 +168,12 @@ def packed_equals_padded_rank(rank, world_size):
     input_ids, mask = batch(seed=2)
     plan = plan_from_mask(mask, ctx)
     packed = plan.unpack(
-        model(input_ids=plan.pack(input_ids), position_ids=None, attention_mask=None,
-              packed_seq_params=packed_seq_params(plan))  # fmt: skip
+        model(
+            input_ids=plan.pack(input_ids),
+            position_ids=None,
+            attention_mask=None,
+            packed_seq_params=packed_seq_params(plan),
+        )
     )  # [B, S, V]
     # BSHD oracle: each row alone, its valid tokens moved to the front
     rows = []
@@ -222,7 +228,9 @@ def test_core_attention_module_thd_and_bshd_calls_match_the_reference():
     from verl_cppack.attention import reference_attention
     from verl_cppack.attention.core_attention import ContextParallelCoreAttention
 
-    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=4, num_query_groups=2, attention_dropout=0.0)
+    config = TransformerConfig(
+        num_layers=1, hidden_size=16, num_attention_heads=4, num_query_groups=2, attention_dropout=0.0
+    )
     module = ContextParallelCoreAttention(
         config, 1, AttnMaskType.causal, "self", pg_collection=SimpleNamespace(cp=None), use_te=False
     )
@@ -232,8 +240,15 @@ def test_core_attention_module_thd_and_bshd_calls_match_the_reference():
     # THD: the two rows packed one after the other as slots of 6
     thd = [x.transpose(0, 1).reshape(12, -1, 4) for x in (q, k, v)]
     cu_padded = torch.tensor([0, 6, 12], dtype=torch.int32)
-    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_padded, cu_seqlens_kv=cu_padded,
-                             cu_seqlens_q_padded=cu_padded, cu_seqlens_kv_padded=cu_padded, max_seqlen_q=6, max_seqlen_kv=6)  # fmt: skip
+    params = PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu_padded,
+        cu_seqlens_kv=cu_padded,
+        cu_seqlens_q_padded=cu_padded,
+        cu_seqlens_kv_padded=cu_padded,
+        max_seqlen_q=6,
+        max_seqlen_kv=6,
+    )
     expected = reference_attention(*thd, cu_padded)  # [12, 4, 4]
     torch.testing.assert_close(module(*thd, None, packed_seq_params=params), expected.reshape(12, 16))
 

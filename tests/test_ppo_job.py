@@ -24,16 +24,27 @@ CRITIC_METRICS = {"critic/vf_loss", "critic/vf_explained_var", "critic/values/me
 def test_two_ppo_steps_with_a_megatron_critic_at_cp2(tmp_path):
     output = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "verl_cppack.cli", "ppo", "--steps", "2", "--output", str(output),
-         "trainer.critic_warmup=2"],  # verl skips the actor while critic_warmup > step: step 1 critic only
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "verl_cppack.cli",
+            "ppo",
+            "--steps",
+            "2",
+            "--output",
+            str(output),
+            "trainer.critic_warmup=2",
+        ],  # verl skips the actor while critic_warmup > step: step 1 critic only
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((output / "summary.json").read_text())
     records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     assert [record["step"] for record in records] == [1, 2]
     for record in records:
-        assert CRITIC_METRICS <= set(record)
+        assert set(record) >= CRITIC_METRICS
         assert all(math.isfinite(record[name]) for name in CRITIC_METRICS)
         assert record["training/rollout_probs_diff_max"] <= 1e-4
     assert "actor/pg_loss" not in records[0] and "actor/pg_loss" in records[1]  # critic warm-up, then both

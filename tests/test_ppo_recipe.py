@@ -17,8 +17,8 @@ from tests.test_recipes_config import (  # noqa: E402
     RECIPE_SCRIPTS,
     RECIPES,
     compose_trainer_config,
-    local_model_path,  # noqa: F401  (fixture)
-    plugin_state_restored,  # noqa: F401  (fixture)
+    local_model_path,  # noqa: F401 - fixture
+    plugin_state_restored,  # noqa: F401 - fixture
     recipe_overrides,
 )
 
@@ -54,8 +54,8 @@ def test_ppo_recipe_critic_follows_the_actors_parallel_sizes_unless_told_otherwi
     assert config.critic.model.path == "/models/rm"
 
 
-def test_validating_the_ppo_recipe_imports_the_critics_external_lib(local_model_path, plugin_state_restored):
-    from verl.trainer.main_ppo import need_critic, need_reference_policy
+def test_validating_the_ppo_recipe_imports_the_critics_external_lib(local_model_path, plugin_state_restored):  # noqa: F811
+    from verl.trainer.main_ppo import need_reference_policy
     from verl.utils.config import validate_config
 
     from verl_cppack.integrations.verl import patching

@@ -31,20 +31,29 @@ def free(node_list: list[NodeCapacity]) -> dict[str, float]:
 
 @pytest.mark.parametrize(
     "shape, workers, per_node",
-    [(ParallelShape(), 2, 2), (ParallelShape(tp=2, cp=2), 4, 4), (ParallelShape(cp=2, dp=2, nnodes=2), 4, 2),
-     (ParallelShape(tp=1, cp=1, dp=1), 1, 1), (ParallelShape(tp=2, cp=3, dp=2, nnodes=3), 12, 4)],
-)  # fmt: skip
+    [
+        (ParallelShape(), 2, 2),
+        (ParallelShape(tp=2, cp=2), 4, 4),
+        (ParallelShape(cp=2, dp=2, nnodes=2), 4, 2),
+        (ParallelShape(tp=1, cp=1, dp=1), 1, 1),
+        (ParallelShape(tp=2, cp=3, dp=2, nnodes=3), 12, 4),
+    ],
+)
 def test_workers_are_tp_times_cp_times_dp_spread_evenly(shape, workers, per_node):
     assert shape.workers == workers and shape.workers_per_node == per_node
 
 
 @pytest.mark.parametrize(
     "fields, error, message",
-    [({"tp": 0}, ValueError, "tp must be >= 1"), ({"dp": -1}, ValueError, "dp must be >= 1"),
-     ({"cp": 2.0}, TypeError, "cp must be an int"), ({"nnodes": True}, TypeError, "nnodes must be an int"),
-     ({"cp": 2, "dp": 2, "nnodes": 3}, ValueError, "nnodes=3 does not divide the 4 workers"),
-     ({"cp": 1, "nnodes": 2}, ValueError, "pick nnodes among [1]")],
-)  # fmt: skip
+    [
+        ({"tp": 0}, ValueError, "tp must be >= 1"),
+        ({"dp": -1}, ValueError, "dp must be >= 1"),
+        ({"cp": 2.0}, TypeError, "cp must be an int"),
+        ({"nnodes": True}, TypeError, "nnodes must be an int"),
+        ({"cp": 2, "dp": 2, "nnodes": 3}, ValueError, "nnodes=3 does not divide the 4 workers"),
+        ({"cp": 1, "nnodes": 2}, ValueError, "pick nnodes among [1]"),
+    ],
+)
 def test_a_shape_that_cannot_be_laid_out_is_refused(fields, error, message):
     with pytest.raises(error, match=message.replace("[", r"\[").replace("]", r"\]")):
         ParallelShape(**fields)
@@ -92,8 +101,10 @@ def test_slots_other_jobs_hold_are_not_counted_as_free():
     assert "has 1 of 2 worker slots" in problem and "other jobs hold the rest" in problem
 
 
-@pytest.mark.parametrize("address, parsed", [("10.1.2.3:6379", ("10.1.2.3", 6379)), ("auto", None),
-                                             ("ray://head:10001", None), ("[::1]:6379", ("::1", 6379))])  # fmt: skip
+@pytest.mark.parametrize(
+    "address, parsed",
+    [("10.1.2.3:6379", ("10.1.2.3", 6379)), ("auto", None), ("ray://head:10001", None), ("[::1]:6379", ("::1", 6379))],
+)
 def test_addresses(address, parsed):
     assert ray_host_port(address) == parsed
 

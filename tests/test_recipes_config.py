@@ -54,9 +54,14 @@ def write_tiny_local_model(directory: Path) -> str:
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
     fast.save_pretrained(directory)
     Qwen2Config(
-        vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, architectures=["Qwen2ForCausalLM"],
-    ).save_pretrained(directory)  # fmt: skip
+        vocab_size=len(vocab),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        architectures=["Qwen2ForCausalLM"],
+    ).save_pretrained(directory)
     return str(directory)
 
 
@@ -168,8 +173,9 @@ def submit(*arguments: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(RECIPES / "submit_multinode.sh"), *arguments],
         env={**os.environ, "VERL_CPPACK_PRINT_SUBMIT": "1", "RAY_ADDRESS": "http://10.0.0.1:8265", **env},
-        capture_output=True, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_the_multinode_submission_ships_verl_cppack_and_sets_the_shape():
@@ -180,7 +186,9 @@ def test_the_multinode_submission_ships_verl_cppack_and_sets_the_shape():
     import shlex
 
     override = "trainer.logger=['console','wandb']"
-    result = submit("gsm8k_ppo_megatron_cp2.sh", override, NNODES="2", GPUS_PER_NODE="8", TP="2", PP="1", CP="2", DP="4")
+    result = submit(
+        "gsm8k_ppo_megatron_cp2.sh", override, NNODES="2", GPUS_PER_NODE="8", TP="2", PP="1", CP="2", DP="4"
+    )
     assert result.returncode == 0, result.stderr
     words = result.stdout.splitlines()
     assert words[:5] == ["ray", "job", "submit", "--address", "http://10.0.0.1:8265"] and words[-2] == "--"
@@ -193,7 +201,12 @@ def test_the_multinode_submission_ships_verl_cppack_and_sets_the_shape():
     assert entrypoint[0] == "env" and entrypoint[-3:] == ["bash", "gsm8k_ppo_megatron_cp2.sh", override]
     settings = dict(word.split("=", 1) for word in entrypoint[1:-3])
     assert {key: settings[key] for key in ("NNODES", "GPUS_PER_NODE", "TP", "PP", "CP")} == {
-        "NNODES": "2", "GPUS_PER_NODE": "8", "TP": "2", "PP": "1", "CP": "2"}  # fmt: skip
+        "NNODES": "2",
+        "GPUS_PER_NODE": "8",
+        "TP": "2",
+        "PP": "1",
+        "CP": "2",
+    }
     # the recipe those settings run composes in verl's config at that shape (DP = 16 GPUs / (2 * 1 * 2) = 4)
     overrides = recipe_overrides(RECIPES / "gsm8k_ppo_megatron_cp2.sh", **settings)
     assert "trainer.nnodes=2" in overrides and "actor_rollout_ref.actor.megatron.context_parallel_size=2" in overrides
@@ -201,10 +214,13 @@ def test_the_multinode_submission_ships_verl_cppack_and_sets_the_shape():
 
 @pytest.mark.parametrize(
     "arguments, env, message",
-    [((), {"NNODES": "2", "TP": "2", "PP": "1", "CP": "2", "DP": "3"}, "TP*PP*CP*DP = 2*1*2*3 = 12 GPUs"),
-     ((), {"NNODES": "1", "TP": "3", "PP": "1", "CP": "2"}, "must divide NNODES*GPUS_PER_NODE = 8"),
-     (("no_such_recipe.sh",), {}, "is not a recipe"), (("submit_multinode.sh",), {}, "is not a recipe")],
-)  # fmt: skip
+    [
+        ((), {"NNODES": "2", "TP": "2", "PP": "1", "CP": "2", "DP": "3"}, "TP*PP*CP*DP = 2*1*2*3 = 12 GPUs"),
+        ((), {"NNODES": "1", "TP": "3", "PP": "1", "CP": "2"}, "must divide NNODES*GPUS_PER_NODE = 8"),
+        (("no_such_recipe.sh",), {}, "is not a recipe"),
+        (("submit_multinode.sh",), {}, "is not a recipe"),
+    ],
+)
 def test_a_submission_whose_shape_does_not_fill_the_cluster_is_refused(arguments, env, message):
     result = submit(*arguments, **env)
     assert result.returncode == 2 and message in result.stderr and not result.stdout

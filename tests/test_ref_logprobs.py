@@ -35,8 +35,15 @@ from verl_cppack.jobs.ref_logprobs import BadInput, load_pairs, synthetic_pairs
 
 REPO = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5
-TINY = CountingAssets(hidden_size=32, intermediate_size=64, num_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, train_prompts=4, test_prompts=4)  # fmt: skip
+TINY = CountingAssets(
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    train_prompts=4,
+    test_prompts=4,
+)
 VOCAB_SIZE = 18  # the counting tokenizer: <pad>, </s>, 16 symbols
 # One-token prompt and response, a full-length pair, a two-token sequence, repeated ids; 5 rows so a micro-batch
 # of 2 leaves a short last one.
@@ -77,8 +84,19 @@ def runs(model_dir, tmp_path_factory) -> dict[int, Path]:
         output = folder / f"cp{cp}"
         output.mkdir()
         (output / "earlier.txt").write_text("kept")  # a non-empty --output gets a fresh subdirectory
-        argv = ["ref-logprobs", "--model", str(model_dir), "--input", str(pairs_file), "--cp", str(cp),
-                "--micro-batch-size", str(micro_batch_size), "--output", str(output)]  # fmt: skip
+        argv = [
+            "ref-logprobs",
+            "--model",
+            str(model_dir),
+            "--input",
+            str(pairs_file),
+            "--cp",
+            str(cp),
+            "--micro-batch-size",
+            str(micro_batch_size),
+            "--output",
+            str(output),
+        ]
         assert main(argv) == 0
         (fresh,) = [path for path in output.iterdir() if path.is_dir()]
         assert fresh.name.startswith("run-") and (output / "earlier.txt").read_text() == "kept"
@@ -109,9 +127,12 @@ def test_cp2_log_probs_equal_the_hugging_face_model_and_cp1(runs, model_dir):
     for row_cp2, row_cp1, reference in zip(cp2, cp1, expected, strict=True):
         assert len(row_cp2["ref_log_probs"]) == len(row_cp1["ref_log_probs"]) == len(reference)
         assert all(value < 0 for value in row_cp2["ref_log_probs"])  # real log-probs, not padding zeros
-        torch.testing.assert_close(torch.tensor(row_cp2["ref_log_probs"]), torch.tensor(reference), rtol=0, atol=TOLERANCE)
-        torch.testing.assert_close(torch.tensor(row_cp2["ref_log_probs"]), torch.tensor(row_cp1["ref_log_probs"]),
-                                   rtol=0, atol=TOLERANCE)  # fmt: skip
+        torch.testing.assert_close(
+            torch.tensor(row_cp2["ref_log_probs"]), torch.tensor(reference), rtol=0, atol=TOLERANCE
+        )
+        torch.testing.assert_close(
+            torch.tensor(row_cp2["ref_log_probs"]), torch.tensor(row_cp1["ref_log_probs"]), rtol=0, atol=TOLERANCE
+        )
 
 
 def test_summary_counts_rows_and_response_tokens(runs, model_dir):
@@ -156,7 +177,10 @@ BAD_FILES = {  # name: (file content or None for missing, fragments of the error
     "string-ids.jsonl": ('{"prompt_ids": [1], "response_ids": ["3"]}', ["row 0 response_ids", "'3'"]),
     "bool-ids.jsonl": ('{"prompt_ids": [true], "response_ids": [3]}', ["row 0 prompt_ids", "True"]),
     "not-a-list.jsonl": ('{"prompt_ids": 5, "response_ids": [3]}', ["row 0 prompt_ids", "list"]),
-    "id-at-vocab-size.jsonl": ('{"prompt_ids": [1], "response_ids": [2, 18]}', ["response_ids", "token id 18", "[0, 18)"]),
+    "id-at-vocab-size.jsonl": (
+        '{"prompt_ids": [1], "response_ids": [2, 18]}',
+        ["response_ids", "token id 18", "[0, 18)"],
+    ),
     "negative-id.jsonl": ('{"prompt_ids": [-1], "response_ids": [2]}', ["prompt_ids", "token id -1"]),
     "empty-prompt.jsonl": ('{"prompt_ids": [], "response_ids": [2]}', ["empty prompt_ids"]),
     "empty-response.jsonl": ('{"prompt_ids": [3], "response_ids": []}', ["empty response_ids"]),
@@ -169,8 +193,9 @@ def test_a_bad_input_file_is_refused_before_any_process_starts(name, model_dir, 
     path = tmp_path / name
     if content is not None:
         path.write_text(content)
-    assert_refused(capsys, ["--model", str(model_dir), "--input", str(path), "--output", str(tmp_path / "out")],
-                   *fragments)  # fmt: skip
+    assert_refused(
+        capsys, ["--model", str(model_dir), "--input", str(path), "--output", str(tmp_path / "out")], *fragments
+    )
     assert not (tmp_path / "out").exists()  # nothing created
 
 
@@ -190,9 +215,13 @@ def test_parquet_without_pandas_is_refused(model_dir, tmp_path, capsys, never_st
 
 @pytest.mark.parametrize(
     ("flags", "fragment"),
-    [(["--synthetic", "0"], "--synthetic must be >= 1"), (["--cp", "0"], "--cp must be >= 1"),
-     (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1"), (["--cp", "-2"], "--cp must be >= 1")],
-)  # fmt: skip
+    [
+        (["--synthetic", "0"], "--synthetic must be >= 1"),
+        (["--cp", "0"], "--cp must be >= 1"),
+        (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),
+        (["--cp", "-2"], "--cp must be >= 1"),
+    ],
+)
 def test_a_bad_count_is_refused(flags, fragment, model_dir, tmp_path, capsys, never_start):
     assert_refused(capsys, ["--model", str(model_dir), "--output", str(tmp_path / "out"), *flags], fragment)
     assert not (tmp_path / "out").exists()
@@ -207,8 +236,9 @@ def test_a_model_directory_without_config_json_is_refused(model_dir, tmp_path, c
 
 def test_an_output_that_is_a_file_is_refused(model_dir, tmp_path, capsys, never_start):
     (tmp_path / "out").write_text("a file")
-    assert_refused(capsys, ["--model", str(model_dir), "--synthetic", "2", "--output", str(tmp_path / "out")],
-                   "is not a directory")  # fmt: skip
+    assert_refused(
+        capsys, ["--model", str(model_dir), "--synthetic", "2", "--output", str(tmp_path / "out")], "is not a directory"
+    )
     assert (tmp_path / "out").read_text() == "a file"
 
 
@@ -219,8 +249,17 @@ def test_a_worker_failure_is_one_error_line_and_exit_3(model_dir, tmp_path, caps
     no_weights.mkdir()
     shutil.copy(model_dir / "config.json", no_weights / "config.json")
     pairs_file = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(PAIRS[:2]))
-    argv = ["ref-logprobs", "--model", str(no_weights), "--input", str(pairs_file), "--cp", "1",
-            "--output", str(tmp_path / "out")]  # fmt: skip
+    argv = [
+        "ref-logprobs",
+        "--model",
+        str(no_weights),
+        "--input",
+        str(pairs_file),
+        "--cp",
+        "1",
+        "--output",
+        str(tmp_path / "out"),
+    ]
     assert main(argv) == 3
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: rank 0 failed: "), lines
@@ -249,10 +288,29 @@ def test_ctrl_c_exits_130_and_leaves_no_process(model_dir, tmp_path):
     from tests.interrupts import default_sigint
 
     output = tmp_path / "out"
-    command = [sys.executable, "-m", "verl_cppack.cli", "ref-logprobs", "--model", str(model_dir), "--synthetic", "4",
-               "--cp", "2", "--output", str(output)]  # fmt: skip
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True, preexec_fn=default_sigint)  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "verl_cppack.cli",
+        "ref-logprobs",
+        "--model",
+        str(model_dir),
+        "--synthetic",
+        "4",
+        "--cp",
+        "2",
+        "--output",
+        str(output),
+    ]
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=default_sigint,
+    )
     try:
         deadline = time.monotonic() + 60
         while not all((output / f"worker-{rank}.log").exists() for rank in range(2)):  # both workers are running

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.op_counts import ops_without_fills
-from verl_cppack.bench.counters import OpCounter, HostReadCounter
+from verl_cppack.bench.counters import HostReadCounter, OpCounter
 
 MOST_COPIES_PER_CALL = 2  # each call below packs one tensor and copies one back at most
 
@@ -94,7 +94,10 @@ def test_op_counts_do_not_grow_with_batch_size(name):
         assert len(counts) == 5
         for call, (small, large) in counts.items():
             assert sum(small.values()) > 0, call
-            small, large = ops_without_fills(small, MOST_COPIES_PER_CALL), ops_without_fills(large, MOST_COPIES_PER_CALL)
+            small, large = (
+                ops_without_fills(small, MOST_COPIES_PER_CALL),
+                ops_without_fills(large, MOST_COPIES_PER_CALL),
+            )
             assert small == large, (call, small, large)
 
 

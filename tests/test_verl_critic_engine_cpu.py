@@ -44,7 +44,6 @@ from tests.verl_engine_cases import (  # noqa: E402
 )
 from verl_cppack.jobs.counting_task import ensure_counting_assets  # noqa: E402
 
-
 RETURN_OFFSETS = (0.3, -0.2, 0.1, -0.4, 0.25)  # returns = values + offset (per sample), inside cliprange 0.5
 
 
@@ -53,8 +52,6 @@ def run_critic(rank: int, world_size: int, model_path: str, context_parallel_siz
     ``train_batch`` with verl's ``value_loss`` as ``_update_critic`` -> ``train_mini_batch`` does."""
     os.environ["VERL_PLATFORM"] = "cpu"  # before verl is imported
     os.environ["VERL_CPPACK_CALL_COUNT_DIR"] = count_dir  # read before the drop-ins are installed
-    import verl_cppack.verl_plugin  # noqa: F401  verl_cppack's drop-ins + the CPU fixes
-
     from functools import partial
 
     from megatron.core import parallel_state as mpu
@@ -62,6 +59,7 @@ def run_critic(rank: int, world_size: int, model_path: str, context_parallel_siz
     from verl.workers.config import McoreCriticConfig
     from verl.workers.utils.losses import value_loss
 
+    import verl_cppack.verl_plugin  # noqa: F401  verl_cppack's drop-ins + the CPU fixes
     from verl_cppack.jobs.megatron_engine import (
         EngineSettings,
         build_megatron_engine,
@@ -72,9 +70,16 @@ def run_critic(rank: int, world_size: int, model_path: str, context_parallel_siz
 
     batch_size = len(SAMPLES)
     built = build_megatron_engine(
-        EngineSettings(model_path, context_parallel_size=context_parallel_size, micro_batch_size=batch_size,
-                       learning_rate=1e-2, clip_grad=1.0, total_training_steps=1, model_type="value_model")
-    )  # fmt: skip
+        EngineSettings(
+            model_path,
+            context_parallel_size=context_parallel_size,
+            micro_batch_size=batch_size,
+            learning_rate=1e-2,
+            clip_grad=1.0,
+            total_training_steps=1,
+            model_type="value_model",
+        )
+    )
     engine, outputs = built.engine, built.has_outputs
     model = unwrap_model(engine.module[0])
     head = model.output_layer.weight.detach().clone()
@@ -89,13 +94,18 @@ def run_critic(rank: int, world_size: int, model_path: str, context_parallel_siz
     response_mask = tensors["response_mask"].float()
     returns = (old_values + torch.tensor(RETURN_OFFSETS)[:, None]) * response_mask
     critic_config = McoreCriticConfig(
-        strategy="megatron", ppo_mini_batch_size=batch_size, ppo_micro_batch_size_per_gpu=batch_size,
-        megatron=built.engine_config, optim=built.optimizer_config,
-    )  # fmt: skip
+        strategy="megatron",
+        ppo_mini_batch_size=batch_size,
+        ppo_micro_batch_size_per_gpu=batch_size,
+        megatron=built.engine_config,
+        optim=built.optimizer_config,
+    )
     data = engine_batch(
-        {**tensors, "values": old_values, "returns": returns}, batch_size, compute_loss=True,
+        {**tensors, "values": old_values, "returns": returns},
+        batch_size,
+        compute_loss=True,
         global_batch_size=batch_size,
-    )  # fmt: skip
+    )
     with engine.train_mode():
         result = engine.train_batch(data, loss_function=partial(value_loss, config=critic_config))
     return {

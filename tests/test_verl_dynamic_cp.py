@@ -20,13 +20,15 @@ pytest.importorskip("megatron.core")
 
 
 def _dynamic_cp(rank: int, world_size: int) -> dict:
+    import verl.models.mcore.util as verl_util
     from megatron.core import parallel_state as mpu
 
-    import verl.models.mcore.util as verl_util
     from verl_cppack.integrations.verl import dropins
 
     mpu.initialize_model_parallel()  # CP=1, DP=2
-    nested = torch.nested.nested_tensor([torch.arange(1, 6), torch.arange(11, 13), torch.arange(21, 30)], layout=torch.jagged)
+    nested = torch.nested.nested_tensor(
+        [torch.arange(1, 6), torch.arange(11, 13), torch.arange(21, 30)], layout=torch.jagged
+    )
     try:
         assert not hasattr(mpu, "get_dynamic_data_context_parallel_groups")
         group = mpu.get_hybrid_data_context_parallel_groups(group_size=world_size)
@@ -35,9 +37,11 @@ def _dynamic_cp(rank: int, world_size: int) -> dict:
         ours_dev = dropins.preprocess_thd_engine(nested, local_cp_size=world_size)
         theirs = verl_util.preprocess_thd_engine(nested, local_cp_size=world_size)
         outputs = {}
-        for name, function, params in (("ours", dropins.postprocess_thd_engine, ours_dev[1]),
-                                       ("verl", verl_util.postprocess_thd_engine, theirs[1]),
-                                       ("ours on verl's params", dropins.postprocess_thd_engine, theirs[1])):  # fmt: skip
+        for name, function, params in (
+            ("ours", dropins.postprocess_thd_engine, ours_dev[1]),
+            ("verl", verl_util.postprocess_thd_engine, theirs[1]),
+            ("ours on verl's params", dropins.postprocess_thd_engine, theirs[1]),
+        ):
             local = (theirs[0].float() * (rank + 1)).requires_grad_(True)
             gathered = function(local, params, nested, 3, local_cp_size=world_size)
             (gathered.values() * torch.arange(gathered.values().numel())).sum().backward()

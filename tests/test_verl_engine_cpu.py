@@ -66,14 +66,13 @@ def run_engine(rank: int, world_size: int, model_path: str, context_parallel_siz
     with verl's ``ppo_loss`` as ``_update_actor`` -> ``train_mini_batch`` -> ``train_batch`` does."""
     os.environ["VERL_PLATFORM"] = "cpu"  # before verl is imported
     os.environ["VERL_CPPACK_CALL_COUNT_DIR"] = count_dir  # read before the drop-ins are installed
-    import verl_cppack.verl_plugin as plugin  # verl_cppack's drop-ins + the CPU fixes
-
     from functools import partial
 
     from megatron.core import parallel_state as mpu
     from verl.workers.config import McoreActorConfig
     from verl.workers.utils.losses import ppo_loss
 
+    import verl_cppack.verl_plugin as plugin  # verl_cppack's drop-ins + the CPU fixes
     from verl_cppack.integrations.verl import cpu
     from verl_cppack.jobs.megatron_engine import (
         EngineSettings,
@@ -85,15 +84,27 @@ def run_engine(rank: int, world_size: int, model_path: str, context_parallel_siz
 
     batch_size = len(SAMPLES)
     built = build_megatron_engine(
-        EngineSettings(model_path, context_parallel_size=context_parallel_size, micro_batch_size=batch_size,
-                       learning_rate=1e-2, clip_grad=1.0, total_training_steps=1)
-    )  # fmt: skip
+        EngineSettings(
+            model_path,
+            context_parallel_size=context_parallel_size,
+            micro_batch_size=batch_size,
+            learning_rate=1e-2,
+            clip_grad=1.0,
+            total_training_steps=1,
+        )
+    )
     engine, outputs = built.engine, built.has_outputs
     actor_config = McoreActorConfig(
-        strategy="megatron", rollout_n=1, ppo_mini_batch_size=batch_size, ppo_micro_batch_size_per_gpu=batch_size,
-        use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=KL_COEF, megatron=built.engine_config,
+        strategy="megatron",
+        rollout_n=1,
+        ppo_mini_batch_size=batch_size,
+        ppo_micro_batch_size_per_gpu=batch_size,
+        use_kl_loss=True,
+        kl_loss_type="low_var_kl",
+        kl_loss_coef=KL_COEF,
+        megatron=built.engine_config,
         optim=built.optimizer_config,
-    )  # fmt: skip
+    )
     attention = engine.module[0].module.decoder.layers[0].self_attention.core_attention
     tensors = rollout_tensors(SAMPLES)
 
@@ -107,9 +118,14 @@ def run_engine(rank: int, world_size: int, model_path: str, context_parallel_siz
     advantages = torch.tensor(ADVANTAGES)[:, None] * response_mask
     extra = {"old_log_probs": old_log_probs, "ref_log_prob": old_log_probs - REF_OFFSET, "advantages": advantages}
     data = engine_batch(
-        {**tensors, **extra}, batch_size, calculate_entropy=False, compute_loss=True, global_batch_size=batch_size,
-        distillation_use_topk=False, distillation_only=False,
-    )  # fmt: skip
+        {**tensors, **extra},
+        batch_size,
+        calculate_entropy=False,
+        compute_loss=True,
+        global_batch_size=batch_size,
+        distillation_use_topk=False,
+        distillation_only=False,
+    )
     before = [parameter.detach().clone() for parameter in engine.module[0].parameters()]
     with engine.train_mode():
         result = engine.train_batch(data, loss_function=partial(ppo_loss, config=actor_config))
@@ -146,8 +162,14 @@ def test_engine_runs_on_the_host_with_the_plugin_and_every_cpu_fix_applied(runs)
             assert rank["plugin"] == (True, True)
             assert rank["cp_world_size"] == context_parallel_size
             assert "refused" not in rank["fixes"].values(), rank["fixes"]
-            for name in ("cpu-platform", "float32-engine-config", "megatron-engine-on-cpu", "clip-grads-on-host",
-                         "local-layer-spec", "local-layernorm-names"):  # fmt: skip
+            for name in (
+                "cpu-platform",
+                "float32-engine-config",
+                "megatron-engine-on-cpu",
+                "clip-grads-on-host",
+                "local-layer-spec",
+                "local-layernorm-names",
+            ):
                 assert rank["fixes"][name] == "applied", (name, rank["fixes"])
             assert rank["core_attention"].startswith("verl_cppack.attention."), rank["core_attention"]
 

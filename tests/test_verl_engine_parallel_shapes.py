@@ -52,8 +52,6 @@ def run_shape(rank: int, world_size: int, model_path: str, tp: int, cp: int, cou
     ``infer_batch`` (log-probs) and one ``train_batch`` with verl's ``ppo_loss``."""
     os.environ["VERL_PLATFORM"] = "cpu"  # before verl is imported
     os.environ["VERL_CPPACK_CALL_COUNT_DIR"] = count_dir
-    import verl_cppack.verl_plugin  # noqa: F401 - the drop-ins and the CPU fixes
-
     from functools import partial
 
     import torch.distributed as dist
@@ -61,6 +59,7 @@ def run_shape(rank: int, world_size: int, model_path: str, tp: int, cp: int, cou
     from verl.workers.config import McoreActorConfig
     from verl.workers.utils.losses import ppo_loss
 
+    import verl_cppack.verl_plugin  # noqa: F401 - the drop-ins and the CPU fixes
     from verl_cppack.jobs.megatron_engine import (
         EngineSettings,
         build_megatron_engine,
@@ -72,9 +71,16 @@ def run_shape(rank: int, world_size: int, model_path: str, tp: int, cp: int, cou
     dp = world_size // (tp * cp)
     rows = len(GLOBAL_BATCH) // dp
     built = build_megatron_engine(
-        EngineSettings(model_path, context_parallel_size=cp, tensor_model_parallel_size=tp, micro_batch_size=rows,
-                       learning_rate=1e-2, clip_grad=1.0, total_training_steps=1)
-    )  # fmt: skip
+        EngineSettings(
+            model_path,
+            context_parallel_size=cp,
+            tensor_model_parallel_size=tp,
+            micro_batch_size=rows,
+            learning_rate=1e-2,
+            clip_grad=1.0,
+            total_training_steps=1,
+        )
+    )
     dp_rank = mpu.get_data_parallel_rank()
     share = slice(dp_rank * rows, (dp_rank + 1) * rows)
     tensors = {key: value[share] for key, value in rollout_tensors(GLOBAL_BATCH).items()}  # global padding widths
@@ -87,19 +93,33 @@ def run_shape(rank: int, world_size: int, model_path: str, tp: int, cp: int, cou
     advantages = torch.tensor(ADVANTAGES)[share, None] * response_mask
     extra = {"old_log_probs": old_log_probs, "ref_log_prob": old_log_probs - REF_OFFSET, "advantages": advantages}
     data = engine_batch(
-        {**tensors, **extra}, rows, calculate_entropy=False, compute_loss=True, global_batch_size=len(GLOBAL_BATCH),
-        distillation_use_topk=False, distillation_only=False,
-    )  # fmt: skip
+        {**tensors, **extra},
+        rows,
+        calculate_entropy=False,
+        compute_loss=True,
+        global_batch_size=len(GLOBAL_BATCH),
+        distillation_use_topk=False,
+        distillation_only=False,
+    )
     actor_config = McoreActorConfig(
-        strategy="megatron", rollout_n=1, ppo_mini_batch_size=len(GLOBAL_BATCH), ppo_micro_batch_size_per_gpu=rows,
-        use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=KL_COEF, megatron=built.engine_config,
+        strategy="megatron",
+        rollout_n=1,
+        ppo_mini_batch_size=len(GLOBAL_BATCH),
+        ppo_micro_batch_size_per_gpu=rows,
+        use_kl_loss=True,
+        kl_loss_type="low_var_kl",
+        kl_loss_coef=KL_COEF,
+        megatron=built.engine_config,
         optim=built.optimizer_config,
-    )  # fmt: skip
+    )
     with built.engine.train_mode():
         result = built.engine.train_batch(data, loss_function=partial(ppo_loss, config=actor_config))
     return {
-        "sizes": (mpu.get_tensor_model_parallel_world_size(), mpu.get_context_parallel_world_size(),
-                  mpu.get_data_parallel_world_size()),  # fmt: skip
+        "sizes": (
+            mpu.get_tensor_model_parallel_world_size(),
+            mpu.get_context_parallel_world_size(),
+            mpu.get_data_parallel_world_size(),
+        ),
         "dp_rank": dp_rank,
         "has_outputs": built.has_outputs,
         "log_probs": log_probs,

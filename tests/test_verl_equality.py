@@ -98,14 +98,27 @@ class Report:
             if not ok:
                 self.failures.append(
                     f"{self.prefix} {name}: ours {ours.dtype}{tuple(ours.shape)} vs verl {theirs.dtype}{tuple(theirs.shape)}"
-                    + ("" if ours.shape != theirs.shape else f" max diff {(ours.double() - theirs.double()).abs().max()}")
+                    + (
+                        ""
+                        if ours.shape != theirs.shape
+                        else f" max diff {(ours.double() - theirs.double()).abs().max()}"
+                    )
                 )
         elif ours != theirs:
             self.failures.append(f"{self.prefix} {name}: ours {ours!r} vs verl {theirs!r}")
 
 
-PSP_FIELDS = ("qkv_format", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded",
-              "max_seqlen_q", "max_seqlen_kv", "local_cp_size", "cp_group")
+PSP_FIELDS = (
+    "qkv_format",
+    "cu_seqlens_q",
+    "cu_seqlens_kv",
+    "cu_seqlens_q_padded",
+    "cu_seqlens_kv_padded",
+    "max_seqlen_q",
+    "max_seqlen_kv",
+    "local_cp_size",
+    "cp_group",
+)
 
 
 def compare_params(report: Report, name: str, ours, theirs) -> None:
@@ -136,11 +149,17 @@ def _legacy_thd(report, ours, verl, data, cp_rank, seed):
             (full_theirs.float() * weights).sum().backward()
             report.equal(f"postprocess_packed_seqs grad[{dtype}, fp8={fp8}]", y_mine.grad, y_theirs.grad, required=True)
         # not post_process: returned untouched
-        report.equal("postprocess_packed_seqs(post_process=False)", ours.postprocess_packed_seqs(
-            local, psp_mine, mask, batch, seq_len, post_process=False) is local, True)
+        report.equal(
+            "postprocess_packed_seqs(post_process=False)",
+            ours.postprocess_packed_seqs(local, psp_mine, mask, batch, seq_len, post_process=False) is local,
+            True,
+        )
     # pre_process=False returns input_ids itself
-    report.equal("preprocess_packed_seqs(pre_process=False)",
-                 ours.preprocess_packed_seqs(data["input_ids"], mask, pre_process=False)[0] is data["input_ids"], True)
+    report.equal(
+        "preprocess_packed_seqs(pre_process=False)",
+        ours.preprocess_packed_seqs(data["input_ids"], mask, pre_process=False)[0] is data["input_ids"],
+        True,
+    )
 
 
 def _fused_dict(report, ours, verl, data, cp_rank, seed):
@@ -154,11 +173,21 @@ def _fused_dict(report, ours, verl, data, cp_rank, seed):
     generator = torch.Generator().manual_seed(seed + 200 + cp_rank)
     entropy, log_probs = torch.rand(local_length, generator=generator), -torch.rand(local_length, generator=generator)
     mine = ours.postprocess_packed_seqs_for_dict_output(
-        labels_mask_mine, CausalLMOutputForPPO(log_probs=log_probs.clone(), entropy=entropy.clone()),
-        psp_mine, mask, batch, seq_len)
+        labels_mask_mine,
+        CausalLMOutputForPPO(log_probs=log_probs.clone(), entropy=entropy.clone()),
+        psp_mine,
+        mask,
+        batch,
+        seq_len,
+    )
     theirs = verl.postprocess_packed_seqs_for_dict_output(
-        labels_mask_theirs, CausalLMOutputForPPO(log_probs=log_probs.clone(), entropy=entropy.clone()),
-        psp_theirs, mask, batch, seq_len)
+        labels_mask_theirs,
+        CausalLMOutputForPPO(log_probs=log_probs.clone(), entropy=entropy.clone()),
+        psp_theirs,
+        mask,
+        batch,
+        seq_len,
+    )
     for key in ("entropy", "log_probs"):
         report.equal(f"postprocess_packed_seqs_for_dict_output[{key}]", mine[key], theirs[key])
 
@@ -183,9 +212,11 @@ def _legacy_bshd(report, ours, verl, data):
         back_theirs.sum().backward()
         report.equal(f"postprocess_bshd grad[sp={sequence_parallel}]", y_mine.grad, y_theirs.grad, required=True)
         # a mask we did not make (verl's) goes through the general path
-        report.equal("postprocess_bshd[foreign mask]",
-                     ours.postprocess_bshd(result, new_mask_theirs, mask, mask.shape[1]),
-                     verl.postprocess_bshd(result, new_mask_theirs, mask, mask.shape[1]))
+        report.equal(
+            "postprocess_bshd[foreign mask]",
+            ours.postprocess_bshd(result, new_mask_theirs, mask, mask.shape[1]),
+            verl.postprocess_bshd(result, new_mask_theirs, mask, mask.shape[1]),
+        )
 
 
 def _engine_thd(report, ours, verl, data, cp_rank, seed, options):
@@ -219,8 +250,12 @@ def _engine_thd(report, ours, verl, data, cp_rank, seed, options):
         local = torch.randn((1, local_length, H), generator=torch.Generator().manual_seed(seed + 300 + cp_rank))
         for dtype in (torch.float32, torch.bfloat16):
             y_mine, y_theirs = leaf(local, dtype), leaf(local, dtype)
-            out_mine = ours.postprocess_thd_engine(y_mine, psp_mine, nested["input_ids"], mask.shape[0], **_post(option))
-            out_theirs = verl.postprocess_thd_engine(y_theirs, psp_theirs, nested["input_ids"], mask.shape[0], **_post(option))
+            out_mine = ours.postprocess_thd_engine(
+                y_mine, psp_mine, nested["input_ids"], mask.shape[0], **_post(option)
+            )
+            out_theirs = verl.postprocess_thd_engine(
+                y_theirs, psp_theirs, nested["input_ids"], mask.shape[0], **_post(option)
+            )
             report.equal(f"postprocess_thd_engine[{dtype}; {tag}]", out_mine, out_theirs)
             weights = torch.randn(out_mine.values().shape, generator=torch.Generator().manual_seed(seed + 8))
             (out_mine.values().float() * weights).sum().backward()
@@ -234,7 +269,9 @@ def _post(option: dict) -> dict:
 
 def _engine_bshd(report, ours, verl, data, cp_rank, seed):
     mask = data["mask"]
-    nested = {key: to_nested(data[key], mask) for key in ("input_ids", "label", "position_ids3", "router", "embeddings")}
+    nested = {
+        key: to_nested(data[key], mask) for key in ("input_ids", "label", "position_ids3", "router", "embeddings")
+    }
     last = last_token_mask(nested["input_ids"])
     for option in ({}, {"use_fp8_padding": True}, {"forced_max_seqlen": mask.shape[1] + 3}):
         tag = ",".join(f"{k}={v}" for k, v in option.items())
@@ -261,8 +298,11 @@ def _engine_bshd(report, ours, verl, data, cp_rank, seed):
             (out_theirs.values().float() * weights).sum().backward()
             report.equal(f"postprocess_bshd_engine grad[{dtype}; {tag}]", y_mine.grad, y_theirs.grad, required=True)
         # verl's own mask (not made by us) goes through the rebuild path
-        report.equal(f"postprocess_bshd_engine[foreign mask; {tag}]",
-                     ours.postprocess_bshd_engine(local, mask_theirs), verl.postprocess_bshd_engine(local, mask_theirs))
+        report.equal(
+            f"postprocess_bshd_engine[foreign mask; {tag}]",
+            ours.postprocess_bshd_engine(local, mask_theirs),
+            verl.postprocess_bshd_engine(local, mask_theirs),
+        )
 
 
 def equality_checks(tp_size: int, cp_size: int, cp_rank: int, seeds: tuple[int, ...]) -> tuple[int, list[str]]:
@@ -314,7 +354,7 @@ def world_worker(rank: int, world_size: int, tp_size: int, seeds: tuple[int, ...
 WORLDS = {"cp1": (1, 1, (0, 1)), "cp2": (2, 1, (0, 1)), "cp4": (4, 1, (2,)), "tp2-cp2": (4, 2, (3,))}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def world(name: str) -> list[dict]:
     """Per-rank results of ``world_worker`` for one of ``WORLDS`` (run once per pytest session)."""
     pytest.importorskip("verl")

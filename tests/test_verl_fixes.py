@@ -18,7 +18,9 @@ from tests import oracle
 pytest.importorskip("megatron.core")
 
 
-def _expected_local(mask: list[list[int]], x: torch.Tensor, slot: int, stream: int, cp: int, rank: int, min_total: int = 0):
+def _expected_local(
+    mask: list[list[int]], x: torch.Tensor, slot: int, stream: int, cp: int, rank: int, min_total: int = 0
+):
     """Oracle: this rank's packed rows of ``x`` [B, S, *] (zeros at padding) and the padded offsets."""
     lengths = [sum(row) for row in mask]
     padded = oracle.padded_lengths(lengths, slot, stream, min_total)
@@ -105,11 +107,16 @@ def fixes_checks(cp: int, rank: int) -> list[str]:
     back = ours.postprocess_thd_engine(local_mx, params_thd_mx, nested, nested.size(0))
     check("mxfp8 nested: round trip", torch.equal(back.values(), nested.values()))
     rolled, _, _ = ours.preprocess_thd_engine(nested, need_roll=True)
-    check("need_roll: successor inside the sequence", torch.equal(rolled, _rolled_expected(SHORT_MASK, x, slot, cp, rank)))
+    check(
+        "need_roll: successor inside the sequence", torch.equal(rolled, _rolled_expected(SHORT_MASK, x, slot, cp, rank))
+    )
     local, params_thd, _ = ours.preprocess_thd_engine(nested)
     for dtype in (torch.bfloat16, torch.float16, torch.int64, torch.uint8):
         out = ours.postprocess_thd_engine(local.to(dtype), params_thd, nested, nested.size(0))
-        check(f"nested gather-back keeps {dtype}", out.dtype == dtype and torch.equal(out.values(), nested.values().to(dtype)))
+        check(
+            f"nested gather-back keeps {dtype}",
+            out.dtype == dtype and torch.equal(out.values(), nested.values().to(dtype)),
+        )
 
     # stream lengths verl leaves unaligned: we round up to the next aligned length
     for option in ({"min_local_rows": 3}, {"pad_to_length_bucket": 6}):
@@ -136,7 +143,10 @@ def fixes_checks(cp: int, rank: int) -> list[str]:
     back = ours.postprocess_thd_no_padding(three[0], three[1], nested, 5)
     check("postprocess_thd_no_padding", torch.equal(back.values(), nested.values()))
     rows_07, mask_07, _ = ours.preprocess_bshd_no_padding(nested)
-    check("bshd_no_padding round trip", torch.equal(ours.postprocess_bshd_no_padding(rows_07, mask_07).values(), nested.values()))
+    check(
+        "bshd_no_padding round trip",
+        torch.equal(ours.postprocess_bshd_no_padding(rows_07, mask_07).values(), nested.values()),
+    )
 
     # errors, raised before any work
     expectations = [
@@ -168,8 +178,13 @@ def fixes_checks(cp: int, rank: int) -> list[str]:
 
         full_rows = torch.ones(2, 4, dtype=torch.long)  # rows without padding: verl does not even crash
         ids = torch.arange(8).view(2, 4) + 1
-        check("verl itself misreads integer masks", not torch.equal(
-            verl_util.preprocess_packed_seqs(ids, full_rows)[0], verl_util.preprocess_packed_seqs(ids, full_rows.bool())[0]))
+        check(
+            "verl itself misreads integer masks",
+            not torch.equal(
+                verl_util.preprocess_packed_seqs(ids, full_rows)[0],
+                verl_util.preprocess_packed_seqs(ids, full_rows.bool())[0],
+            ),
+        )
         check("ours reads them right", torch.equal(ours.preprocess_packed_seqs(ids, full_rows)[0], ids.view(1, 8)))
     return failures
 

@@ -91,7 +91,9 @@ class KwargsParams:
 MASK = [[0, 1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 1]]
 
 
-@pytest.mark.parametrize("recipe, block", [("mxfp8", 32), ("blockwise", 16), ("delayed", 16), ("tensorwise", 16), (None, 16)])
+@pytest.mark.parametrize(
+    "recipe, block", [("mxfp8", 32), ("blockwise", 16), ("delayed", 16), ("tensorwise", 16), (None, 16)]
+)
 @pytest.mark.parametrize("tp_size, cp_size", [(1, 1), (2, 1), (1, 2), (2, 2)])
 def test_fp8_padding_follows_the_recipe(context, recipe, block, tp_size, cp_size):
     """With ``use_fp8_padding``: slots to ``lcm(block, base)`` (32 for MXFP8, else 16), the stream to ``base*128``;
@@ -138,14 +140,19 @@ def test_a_gather_back_finds_an_mxfp8_stream_it_did_not_make(context):
 
 @pytest.mark.parametrize(
     "recipe, error, message",
-    [("mxfp4", ValueError, "fp8_recipe must be one of delayed, tensorwise, mxfp8, blockwise, custom"),
-     (32, TypeError, "fp8_recipe must be None or a recipe name"), (True, TypeError, "fp8_recipe must be None")],
-)  # fmt: skip
+    [
+        ("mxfp4", ValueError, "fp8_recipe must be one of delayed, tensorwise, mxfp8, blockwise, custom"),
+        (32, TypeError, "fp8_recipe must be None or a recipe name"),
+        (True, TypeError, "fp8_recipe must be None"),
+    ],
+)
 def test_a_bad_fp8_recipe_is_refused_naming_it(context, recipe, error, message):
     mask = torch.tensor(MASK, dtype=torch.bool)
     nested = torch.nested.nested_tensor([torch.ones(3), torch.ones(2)], layout=torch.jagged)
-    for call in (lambda: dropins.preprocess_packed_seqs(mask.long(), mask, use_fp8_padding=True, fp8_recipe=recipe),
-                 lambda: dropins.preprocess_thd_engine(nested, fp8_recipe=recipe)):  # fmt: skip
+    for call in (
+        lambda: dropins.preprocess_packed_seqs(mask.long(), mask, use_fp8_padding=True, fp8_recipe=recipe),
+        lambda: dropins.preprocess_thd_engine(nested, fp8_recipe=recipe),
+    ):
         with pytest.raises(error, match=message):
             call()
 
@@ -161,7 +168,11 @@ def test_include_total_tokens_as_verls_pull_request_tests_it(context, params_cla
     params_class(KwargsParams)
     context(tp_size=2)
     packed, params, positions = dropins.preprocess_thd_engine(_nested([1, 2, 3], [4, 5]), include_total_tokens=True)
-    assert params.total_tokens == 6 and packed.tolist() == [[1, 2, 3, 0, 4, 5]] and positions.tolist() == [[0, 1, 2, 0, 0, 1]]
+    assert (
+        params.total_tokens == 6
+        and packed.tolist() == [[1, 2, 3, 0, 4, 5]]
+        and positions.tolist() == [[0, 1, 2, 0, 0, 1]]
+    )
     for rank, tokens, expected_positions in ((0, [[1, 2, 0, 0]], [[0, 1, 0, 0]]), (1, [[3, 4, 5, 0]], [[2, 3, 4, 0]])):
         context(cp_size=2, cp_rank=rank)
         packed, params, positions = dropins.preprocess_thd_engine(_nested([1, 2, 3, 4, 5]), include_total_tokens=True)
@@ -183,7 +194,9 @@ def test_total_tokens_and_seq_idx_are_megatrons_without_its_sync(context, params
     cls.derived = 0
     for params in (
         dropins.preprocess_packed_seqs(mask.long(), mask, include_total_tokens=True)[1],
-        dropins.preprocess_thd_engine(_nested([1, 2, 3], [4, 5], [6]), include_total_tokens=True, use_fp8_padding=True)[1],
+        dropins.preprocess_thd_engine(_nested([1, 2, 3], [4, 5], [6]), include_total_tokens=True, use_fp8_padding=True)[
+            1
+        ],
     ):
         total = int(params.cu_seqlens_q_padded[-1])
         reference = cls(cu_seqlens_q_padded=params.cu_seqlens_q_padded, total_tokens=total)
@@ -218,7 +231,9 @@ def test_pad_between_seqs_and_tokens_per_sample_are_set_when_the_class_names_the
 def test_include_total_tokens_needs_a_class_that_can_hold_it(context):
     """megatron-core 0.16.1's PackedSeqParams has no ``total_tokens``: refused, naming the keyword and the fix."""
     mask = torch.tensor(MASK, dtype=torch.bool)
-    with pytest.raises(ValueError, match=r"include_total_tokens=True needs PackedSeqParams fields total_tokens, seq_idx"):
+    with pytest.raises(
+        ValueError, match=r"include_total_tokens=True needs PackedSeqParams fields total_tokens, seq_idx"
+    ):
         dropins.preprocess_packed_seqs(mask.long(), mask, include_total_tokens=True)
     with pytest.raises(TypeError, match="include_total_tokens must be True or False, got str"):
         dropins.preprocess_thd_engine(_nested([1, 2]), include_total_tokens="yes")

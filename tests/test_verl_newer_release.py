@@ -24,7 +24,9 @@ from tests.verl_releases import UTIL_PATH, release_dir
 pytest.importorskip("verl")
 pytest.importorskip("megatron.core")
 
-SIGNATURE_LINE = '    cp_layout: ContextParallelLayout = "zigzag",\n) -> tuple[torch.Tensor, PackedSeqParams, torch.Tensor | None]:'
+SIGNATURE_LINE = (
+    '    cp_layout: ContextParallelLayout = "zigzag",\n) -> tuple[torch.Tensor, PackedSeqParams, torch.Tensor | None]:'
+)
 REASON = "parameters the drop-in does not know: return_position_ids"
 
 
@@ -35,14 +37,19 @@ def newer_verl(tmp_path_factory) -> Path:
     util = folder / UTIL_PATH
     source = util.read_text()
     assert source.count(SIGNATURE_LINE) == 1, "verl 0.9.1's preprocess_thd_engine signature moved"
-    source = source.replace(SIGNATURE_LINE, SIGNATURE_LINE.replace(
-        '"zigzag",\n)', '"zigzag",\n    return_position_ids: bool = False,\n)'))  # fmt: skip
+    source = source.replace(
+        SIGNATURE_LINE, SIGNATURE_LINE.replace('"zigzag",\n)', '"zigzag",\n    return_position_ids: bool = False,\n)')
+    )
     util.write_text(source + "\n\ndef pack_sequences_v2(input_ids):\n    return input_ids\n")
     return folder
 
 
 def _python(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_CPPACK_DISABLE", "VERL_PLATFORM")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_CPPACK_DISABLE", "VERL_PLATFORM")
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(folder), env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=600)
 
@@ -76,7 +83,11 @@ def test_a_function_with_an_unknown_parameter_stays_verls_and_runs(newer_verl):
     result = _python(newer_verl, "-c", RUN_SCRIPT)
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["kept"] == ["verl.models.mcore.util", "verl.models.mcore.model_forward", "verl.models.mcore.model_forward_fused"]
+    assert report["kept"] == [
+        "verl.models.mcore.util",
+        "verl.models.mcore.model_forward",
+        "verl.models.mcore.model_forward_fused",
+    ]
     assert report["left"] == {"preprocess_thd_engine": REASON}
     assert len(report["replaced"]) == 10 and "preprocess_thd_engine" not in report["replaced"]
     assert report["ours_elsewhere"].startswith("verl_cppack.")
@@ -89,8 +100,9 @@ def test_doctor_lists_the_function_left_to_verl(newer_verl):
     report = json.loads(listing.stdout)
     assert Path(report["verl_util"]["util"]).resolve() == (newer_verl / UTIL_PATH).resolve()
     assert report["verl_util"]["left_to_verl"] == {
-        "pack_sequences_v2": "no drop-in knows this function", "preprocess_thd_engine": REASON,
-    }  # fmt: skip
+        "pack_sequences_v2": "no drop-in knows this function",
+        "preprocess_thd_engine": REASON,
+    }
     assert len(report["verl_util"]["replaceable"]) == 10
 
     verified = _python(newer_verl, "-m", "verl_cppack.cli", "doctor", "--verify")

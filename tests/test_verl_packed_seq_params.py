@@ -29,19 +29,43 @@ class KwargsParams:
 class NamedFieldsParams:
     """Names the fields megatron-core 0.16.1 has, no ``cp_partition_mode``, no ``**kwargs``."""
 
-    def __init__(self, qkv_format=None, cu_seqlens_q=None, cu_seqlens_kv=None, cu_seqlens_q_padded=None,
-                 cu_seqlens_kv_padded=None, max_seqlen_q=None, max_seqlen_kv=None):
+    def __init__(
+        self,
+        qkv_format=None,
+        cu_seqlens_q=None,
+        cu_seqlens_kv=None,
+        cu_seqlens_q_padded=None,
+        cu_seqlens_kv_padded=None,
+        max_seqlen_q=None,
+        max_seqlen_kv=None,
+    ):
         self.received = {k: v for k, v in locals().items() if k != "self" and v is not None}
 
 
 class WithPartitionMode:
-    def __init__(self, qkv_format=None, cu_seqlens_q=None, cu_seqlens_kv=None, cu_seqlens_q_padded=None,
-                 cu_seqlens_kv_padded=None, max_seqlen_q=None, max_seqlen_kv=None, cp_partition_mode="zigzag"):
+    def __init__(
+        self,
+        qkv_format=None,
+        cu_seqlens_q=None,
+        cu_seqlens_kv=None,
+        cu_seqlens_q_padded=None,
+        cu_seqlens_kv_padded=None,
+        max_seqlen_q=None,
+        max_seqlen_kv=None,
+        cp_partition_mode="zigzag",
+    ):
         self.received = {k: v for k, v in locals().items() if k != "self"}
 
 
-THD_FIELDS = {"qkv_format", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded",
-              "max_seqlen_q", "max_seqlen_kv"}
+THD_FIELDS = {
+    "qkv_format",
+    "cu_seqlens_q",
+    "cu_seqlens_kv",
+    "cu_seqlens_q_padded",
+    "cu_seqlens_kv_padded",
+    "max_seqlen_q",
+    "max_seqlen_kv",
+}
 
 
 @pytest.fixture
@@ -80,10 +104,14 @@ def test_an_unknown_cp_layout_raises_verls_error():
     nested = torch.nested.nested_tensor([torch.ones(3), torch.ones(2)], layout=torch.jagged)
     for layout in ("ring", ["zigzag"], None):
         for ours, theirs in (
-            (lambda: dropins.preprocess_thd_engine(nested, cp_layout=layout),
-             lambda: util.preprocess_thd_engine(nested, cp_layout=layout)),
-            (lambda: dropins.postprocess_thd_engine(nested, None, nested, 2, cp_layout=layout),
-             lambda: util.postprocess_thd_engine(nested, None, nested, 2, cp_layout=layout)),
+            (
+                lambda: dropins.preprocess_thd_engine(nested, cp_layout=layout),
+                lambda: util.preprocess_thd_engine(nested, cp_layout=layout),
+            ),
+            (
+                lambda: dropins.postprocess_thd_engine(nested, None, nested, 2, cp_layout=layout),
+                lambda: util.postprocess_thd_engine(nested, None, nested, 2, cp_layout=layout),
+            ),
         ):
             with pytest.raises(ValueError) as verl_error:
                 theirs()
@@ -97,8 +125,8 @@ def _side_by_side(rank, world_size):
     import inspect
 
     import megatron.core.packed_seq_params as module
-    from megatron.core import parallel_state as mpu
     import verl.models.mcore.util as util
+    from megatron.core import parallel_state as mpu
 
     from tests.test_verl_packed_seq_params import KwargsParams, NamedFieldsParams, WithPartitionMode
     from verl_cppack.integrations.verl import dropins

@@ -18,7 +18,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-
 pytest.importorskip("verl")
 pytest.importorskip("megatron.core")
 
@@ -74,14 +73,26 @@ def _run_forwards(model_forward, model, seed: int) -> dict[str, torch.Tensor]:
     position_ids = torch.cumsum(mask.long(), 1)
     forward = model_forward.model_forward_gen(vision_model=False)
     args = {"label": data["label"], "label_mask": data["label_mask"].float()}
-    legacy = forward(model, data["input_ids"], mask, position_ids, {}, logits_processor=log_prob_processor,
-                     logits_processor_args=dict(args))
+    legacy = forward(
+        model,
+        data["input_ids"],
+        mask,
+        position_ids,
+        {},
+        logits_processor=log_prob_processor,
+        logits_processor_args=dict(args),
+    )
     results = {f"legacy.{k}": v.detach() for k, v in legacy.items()}
     results["legacy.plain"] = forward(model, data["input_ids"], mask, position_ids, {}).detach()
     for data_format in ("thd", "bshd"):
         engine = model_forward.gptmodel_forward_model_engine(
-            model, nested_ids, {}, logits_processor=engine_processor,
-            logits_processor_args={"label": nested_label}, data_format=data_format)
+            model,
+            nested_ids,
+            {},
+            logits_processor=engine_processor,
+            logits_processor_args={"label": nested_label},
+            data_format=data_format,
+        )
         results.update({f"engine.{data_format}.{k}": v.values().detach() for k, v in engine.items()})
     from megatron.core import parallel_state as mpu
 
@@ -113,10 +124,12 @@ def patch_checks() -> dict:
         return wrapper
 
     saved = dict(patching.DROPINS)
-    patching.DROPINS.update({
-        name: tuple(dataclasses.replace(dropin, function=counting(name, dropin.function)) for dropin in variants)
-        for name, variants in saved.items()
-    })  # fmt: skip
+    patching.DROPINS.update(
+        {
+            name: tuple(dataclasses.replace(dropin, function=counting(name, dropin.function)) for dropin in variants)
+            for name, variants in saved.items()
+        }
+    )
     ours = [dropin.function for variants in patching.DROPINS.values() for dropin in variants]
     try:
         assert patching.install() and patching.install()  # idempotent
@@ -131,8 +144,7 @@ def patch_checks() -> dict:
         patching.uninstall()  # idempotent
         util = importlib.import_module("verl.models.mcore.util")
         restored = all(
-            getattr(module, attr) is getattr(util, attr)
-            and getattr(util, attr).__module__ == "verl.models.mcore.util"
+            getattr(module, attr) is getattr(util, attr) and getattr(util, attr).__module__ == "verl.models.mcore.util"
             for module in modules.values()
             for attr in patching.DROPINS
             if hasattr(module, attr)
@@ -143,8 +155,14 @@ def patch_checks() -> dict:
         patching.DROPINS.update(saved)
     _, _, _, last = _rollout(3)
     return {
-        "before": before, "patched": patched, "after": after, "calls": calls_snapshot,
-        "covered": covered, "bound_to_ours": bound_to_ours, "restored": restored, "last": last,
+        "before": before,
+        "patched": patched,
+        "after": after,
+        "calls": calls_snapshot,
+        "covered": covered,
+        "bound_to_ours": bound_to_ours,
+        "restored": restored,
+        "last": last,
     }
 
 
@@ -155,18 +173,31 @@ def test_verl_forward_functions_call_the_dropins_and_return_the_same(name):
     world_size = int(name[2:])
     for result in (rank_result["patching"] for rank_result in world(name)):
         # verl's own model_forward_gen / gptmodel_forward_model_engine went through our functions
-        for name in ("preprocess_packed_seqs", "postprocess_packed_seqs", "preprocess_thd_engine",
-                     "postprocess_thd_engine", "preprocess_bshd_engine", "postprocess_bshd_engine"):
+        for name in (
+            "preprocess_packed_seqs",
+            "postprocess_packed_seqs",
+            "preprocess_thd_engine",
+            "postprocess_thd_engine",
+            "preprocess_bshd_engine",
+            "postprocess_bshd_engine",
+        ):
             assert result["calls"].get(name, 0) > 0, (name, result["calls"])
         if world_size == 1:
             assert result["calls"]["preprocess_bshd"] > 0 and result["calls"]["postprocess_bshd"] > 0
         # every caller module that imported the functions before install now holds ours
-        for module in ("verl.models.mcore.model_forward", "verl.models.mcore.model_forward_fused",
-                       "verl.models.mcore.model_forward_1f1b_overlap", "verl.utils.megatron.router_replay_utils",
-                       "verl.trainer.distillation.megatron.losses", "verl.models.mcore.util"):
+        for module in (
+            "verl.models.mcore.model_forward",
+            "verl.models.mcore.model_forward_fused",
+            "verl.models.mcore.model_forward_1f1b_overlap",
+            "verl.utils.megatron.router_replay_utils",
+            "verl.trainer.distillation.megatron.losses",
+            "verl.models.mcore.util",
+        ):
             assert module in result["covered"], (module, sorted(result["covered"]))
         assert result["bound_to_ours"]["verl.trainer.distillation.megatron.losses"] == [
-            "preprocess_bshd_engine", "preprocess_thd_engine"]
+            "preprocess_bshd_engine",
+            "preprocess_thd_engine",
+        ]
         assert result["restored"]
         # same results before, with and after the patch (need_roll labels: all but each sequence's last token)
         before, patched, after = result["before"], result["patched"], result["after"]

@@ -10,10 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_cppack.bench.counters import HostReadCounter, OpCounter
 from verl_cppack import ParallelContext
-from verl_cppack.integrations.verl import dropins
-from verl_cppack.integrations.verl import plan_cache
+from verl_cppack.bench.counters import HostReadCounter, OpCounter
+from verl_cppack.integrations.verl import dropins, plan_cache
 
 FIRST = [[1, 1, 1, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0, 0, 0]]
 OTHER = [[0, 0, 0, 0, 1, 1, 1, 1], [1, 0, 1, 0, 1, 0, 1, 1]]

@@ -72,8 +72,9 @@ def test_bshd_compaction_left_aligns_every_row(mask):
 @given(mask=masks.filter(lambda mask: all(map(any, mask))))
 def test_need_roll_gives_each_tokens_successor_in_its_own_sequence(mask):
     x = _values(mask, trailing=1)[..., 0]
-    nested = torch.nested.nested_tensor([row[torch.tensor(keep, dtype=torch.bool)] for row, keep in zip(x, mask)],
-                                        layout=torch.jagged)
+    nested = torch.nested.nested_tensor(
+        [row[torch.tensor(keep, dtype=torch.bool)] for row, keep in zip(x, mask)], layout=torch.jagged
+    )
     rolled, _, positions = dropins.preprocess_thd_engine(nested, need_roll=True)
     expected, expected_positions = [], []
     for row, keep in enumerate(mask):

@@ -70,7 +70,11 @@ def _releases(text: str) -> list[str]:
 
 def difference_key(function: str, case: str, where: str, cp_size: int) -> str:
     """The key under which a finding is listed (``unlisted:...`` for a finding no key covers)."""
-    nested_thd = function in ("postprocess_packed_seqs_no_padding", "postprocess_thd_no_padding", "postprocess_thd_engine")
+    nested_thd = function in (
+        "postprocess_packed_seqs_no_padding",
+        "postprocess_thd_no_padding",
+        "postprocess_thd_engine",
+    )
     if where == "verl-raised-trailing_dims":
         return "crash-trailing-dims"
     if where == "verl-raised-dtype" and cp_size > 1:
@@ -134,7 +138,7 @@ def test_every_release_has_a_drop_in_for_every_packing_function(directories, com
     expected_counts = {"0.6.1": 7, "0.7.0": 9, "0.7.1": 9, "0.8.0": 11, "0.9.0": 11, "0.9.1": 11}
     for version in RELEASES:
         util_source = (Path(directories[version]) / "verl" / "models" / "mcore" / "util.py").read_text()
-        public = {name for name in re.findall(r"^def ([a-z]\w*)\(", util_source, flags=re.MULTILINE)} - NOT_PACKING
+        public = set(re.findall(r"^def ([a-z]\w*)\(", util_source, flags=re.MULTILINE)) - NOT_PACKING
         for result in compared:
             entry = result[version, 2]
             assert entry["left"] == {}, (version, entry["left"])
@@ -153,9 +157,19 @@ def test_every_difference_from_each_release_is_an_intended_one(compared):
                 if key not in listed[version]:
                     unexplained.append(f"verl {version} CP={cp_size} {function} [{case}] {where}: {detail} (key {key})")
     assert not unexplained, "differences design.md does not list:\n" + "\n".join(sorted(set(unexplained))[:60])
-    observable = {"roll-last-token", "roll-padding", "positions-padding", "positions-roll", "positions-back-chunk",
-                  "nested-float32-cp", "crash-short-cp", "crash-extended-cp", "crash-trailing-dims", "crash-dtype-cp",
-                  "bshd-cp"}  # fmt: skip
+    observable = {
+        "roll-last-token",
+        "roll-padding",
+        "positions-padding",
+        "positions-roll",
+        "positions-back-chunk",
+        "nested-float32-cp",
+        "crash-short-cp",
+        "crash-extended-cp",
+        "crash-trailing-dims",
+        "crash-dtype-cp",
+        "bshd-cp",
+    }
     never_seen = [
         f"verl {version}: {key}" for version in RELEASES for key in sorted(listed[version] & observable - seen[version])
     ]
@@ -167,9 +181,12 @@ def test_each_function_was_compared_at_both_cp_sizes(compared):
     for result in compared:
         for (version, cp_size), entry in result.items():
             for name in entry["chosen"]:
-                cp1_only = name in ("preprocess_bshd", "postprocess_bshd", "remove_left_padding", "recover_left_padding") or (
-                    name.endswith("bshd_no_padding") and version in ("0.7.0", "0.7.1")
-                )
+                cp1_only = name in (
+                    "preprocess_bshd",
+                    "postprocess_bshd",
+                    "remove_left_padding",
+                    "recover_left_padding",
+                ) or (name.endswith("bshd_no_padding") and version in ("0.7.0", "0.7.1"))
                 if cp_size > 1 and cp1_only:
                     continue  # verl refuses CP>1 there (an assertion), as ours does (ValueError)
                 assert entry["compared"].get(name, 0) > 0, (version, cp_size, name, entry["compared"])
@@ -230,9 +247,17 @@ print(json.dumps({
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_the_plugin_replaces_every_packing_function_in_every_module_of_the_release(version, directories):
-    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_CPPACK_DISABLE", "VERL_PLATFORM")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_CPPACK_DISABLE", "VERL_PLATFORM")
+    }
     result = subprocess.run(
-        [sys.executable, "-c", PLUGIN_SCRIPT, directories[version]], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", PLUGIN_SCRIPT, directories[version]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -76,7 +76,9 @@ def extended(draw, verl: inspect.Signature) -> inspect.Signature:
             keyword.append(P(name, P.KEYWORD_ONLY, default=default))
     if parameters and draw(st.integers(0, 4)) == 0:
         changed = draw(st.sampled_from(parameters)).name
-        positional = [p.replace(default=None) if p.name == changed and p.default is not P.empty else p for p in positional]
+        positional = [
+            p.replace(default=None) if p.name == changed and p.default is not P.empty else p for p in positional
+        ]
         keyword = [p.replace(default=1) if p.name == changed and p.default is not P.empty else p for p in keyword]
     try:
         return inspect.Signature([*positional, *keyword])
@@ -99,8 +101,15 @@ def test_a_drop_in_stands_in_exactly_when_every_call_binds_the_same(data):
         if theirs is None:
             continue
         ours = bound(dropin, args, kwargs)
-        expected = {**{n: p.default for n, p in dropin.parameters.items() if p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD)}, **theirs}
-        if ours is None or any(ours.get(name) != value or type(ours.get(name)) is not type(value) for name, value in expected.items() if name in dropin.parameters):
+        expected = {
+            **{n: p.default for n, p in dropin.parameters.items() if p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD)},
+            **theirs,
+        }
+        if ours is None or any(
+            ours.get(name) != value or type(ours.get(name)) is not type(value)
+            for name, value in expected.items()
+            if name in dropin.parameters
+        ):
             same = False
             break
     event(f"stands in: {verdict is None}")
@@ -129,13 +138,15 @@ def test_an_extra_drop_in_parameter_without_default_is_refused():
 
 def test_a_different_default_or_order_is_refused():
     verl = inspect.signature(lambda x, need_roll=False, use_fp8_padding=False: None)
-    assert "defaults to False in verl, True" in incompatibility(verl, inspect.signature(lambda x, need_roll=True, use_fp8_padding=False: None))
+    assert "defaults to False in verl, True" in incompatibility(
+        verl, inspect.signature(lambda x, need_roll=True, use_fp8_padding=False: None)
+    )
     assert "positional parameters differ" in incompatibility(
         verl, inspect.signature(lambda x, use_fp8_padding=False, need_roll=False: None)
     )
 
 
-SOURCE = '''
+SOURCE = """
 def preprocess_thd_engine(
     input_ids: torch.Tensor,
     pre_process: bool = True,
@@ -145,7 +156,7 @@ def preprocess_thd_engine(
     bucket=math.inf,
 ):
     return mpu.get_context_parallel_world_size(), helper(input_ids)
-'''
+"""
 
 
 def test_a_signature_read_from_source_is_the_functions_own():
@@ -156,11 +167,18 @@ def test_a_signature_read_from_source_is_the_functions_own():
     exec(compile(ast.Module(body=[node], type_ignores=[]), "<source>", "exec"), namespace)
     read = signature_from_source(node)
     actual = inspect.signature(namespace["preprocess_thd_engine"])
-    assert [(p.name, p.kind) for p in read.parameters.values()] == [(p.name, p.kind) for p in actual.parameters.values()]
+    assert [(p.name, p.kind) for p in read.parameters.values()] == [
+        (p.name, p.kind) for p in actual.parameters.values()
+    ]
     assert [read.parameters[n].default for n in ("pre_process", "local_cp_size", "cp_layout")] == [True, None, "zigzag"]
     assert read.parameters["bucket"].default is not actual.parameters["bucket"].default
-    ours = inspect.signature(lambda input_ids, pre_process=True, *, local_cp_size=None, cp_layout="zigzag", bucket=float("inf"): None)
-    assert incompatibility(read, ours) == f"bucket defaults to {read.parameters['bucket'].default!r} in verl, inf in the drop-in"
+    ours = inspect.signature(
+        lambda input_ids, pre_process=True, *, local_cp_size=None, cp_layout="zigzag", bucket=float("inf"): None
+    )
+    assert (
+        incompatibility(read, ours)
+        == f"bucket defaults to {read.parameters['bucket'].default!r} in verl, inf in the drop-in"
+    )
     assert {"get_context_parallel_world_size", "mpu", "helper"} <= VerlFunction.from_source(node).names
 
 

@@ -70,15 +70,21 @@ def test_the_drop_ins_run_under_verls_test_stubs_and_equal_verl(monkeypatch, gro
     batch_size, seq_len = MASK.shape
     cases = {
         "packed": lambda impl: _round_trip(
-            stubs, lambda: impl.preprocess_packed_seqs(IDS, MASK),
-            lambda y, pre: impl.postprocess_packed_seqs(y, pre[1], MASK, batch_size, seq_len)),
+            stubs,
+            lambda: impl.preprocess_packed_seqs(IDS, MASK),
+            lambda y, pre: impl.postprocess_packed_seqs(y, pre[1], MASK, batch_size, seq_len),
+        ),
         "thd engine": lambda impl: _round_trip(
-            stubs, lambda: impl.preprocess_thd_engine(_nested(IDS)),
-            lambda y, pre: impl.postprocess_thd_engine(y, pre[1], _nested(IDS), batch_size)),
+            stubs,
+            lambda: impl.preprocess_thd_engine(_nested(IDS)),
+            lambda y, pre: impl.postprocess_thd_engine(y, pre[1], _nested(IDS), batch_size),
+        ),
         "bshd engine": lambda impl: _round_trip(
-            stubs, lambda: impl.preprocess_bshd_engine(_nested(IDS)),
-            lambda y, pre: impl.postprocess_bshd_engine(y, pre[1])),
-    }  # fmt: skip
+            stubs,
+            lambda: impl.preprocess_bshd_engine(_nested(IDS)),
+            lambda y, pre: impl.postprocess_bshd_engine(y, pre[1]),
+        ),
+    }
     for name, case in cases.items():
         theirs, mine = case(verl_util), case(ours)
         for a, b in zip(theirs, mine):
@@ -106,12 +112,16 @@ def test_an_object_torch_distributed_cannot_answer_for_is_a_clear_error(monkeypa
     monkeypatch.setattr(mpu, "get_context_parallel_world_size", lambda: CP)
     monkeypatch.setattr(mpu, "get_context_parallel_rank", lambda: 0)
     monkeypatch.setattr(mpu, "get_context_parallel_group", lambda: stubs.group)
-    with pytest.raises(TypeError, match=r"torch.distributed could not tell the size and rank of object .*AttributeError"):
+    with pytest.raises(
+        TypeError, match=r"torch.distributed could not tell the size and rank of object .*AttributeError"
+    ):
         ours.preprocess_packed_seqs(IDS, MASK)
 
 
 def test_a_group_whose_answers_disagree_with_the_parallel_state_is_refused(monkeypatch):
     Stubs(monkeypatch, object())
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 4)
-    with pytest.raises(ValueError, match="ctx.cp_group has size 4 and this process is its rank 0, but ctx says cp_size=2"):
+    with pytest.raises(
+        ValueError, match="ctx.cp_group has size 4 and this process is its rank 0, but ctx says cp_size=2"
+    ):
         ours.preprocess_packed_seqs(IDS, MASK)

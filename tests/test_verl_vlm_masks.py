@@ -56,17 +56,26 @@ def nested(sequences: list[list[int]], dtype: torch.dtype = torch.long, trailing
     return torch.nested.nested_tensor(tensors, layout=torch.jagged)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # set per example
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)  # set per example
 @given(
-    sequences=batches, pad=st.integers(0, 5), tp_size=st.sampled_from([1, 2]), cp_size=st.sampled_from([1, 2, 4]),
-    dtype=st.sampled_from([torch.int64, torch.int32]), forced=st.integers(0, 6),
-)  # fmt: skip
+    sequences=batches,
+    pad=st.integers(0, 5),
+    tp_size=st.sampled_from([1, 2]),
+    cp_size=st.sampled_from([1, 2, 4]),
+    dtype=st.sampled_from([torch.int64, torch.int32]),
+    forced=st.integers(0, 6),
+)
 def test_rows_and_mask_equal_the_oracle(context, sequences, pad, tp_size, cp_size, dtype, forced):
     context(tp_size, cp_size)
     longest = max(map(len, sequences))
     ids = nested(sequences, dtype)
     expected_rows, expected_mask = oracle(sequences, pad, aligned(longest, tp_size, cp_size))
-    for build in (vlm_masks.build_vlm_attn_mask_thd, lambda x, p: vlm_masks.build_vlm_attn_mask_bshd(x, len(sequences), p)):
+    for build in (
+        vlm_masks.build_vlm_attn_mask_thd,
+        lambda x, p: vlm_masks.build_vlm_attn_mask_bshd(x, len(sequences), p),
+    ):
         rows, mask = build(ids, pad)
         assert rows.dtype == dtype and mask.dtype == torch.bool
         assert rows.tolist() == expected_rows and mask.tolist() == expected_mask
@@ -86,7 +95,13 @@ def test_trailing_dimensions_are_padded_and_masked_like_verls(context):
 
 def test_a_view_with_holes_is_read_by_its_real_lengths(context):
     base = nested([[1, 2, 3, 4], [5, 6, 7]])
-    view = torch.nested.narrow(base.values().view(1, 7).expand(2, 7).contiguous(), 1, torch.tensor([0, 4]), torch.tensor([2, 3]), layout=torch.jagged)
+    view = torch.nested.narrow(
+        base.values().view(1, 7).expand(2, 7).contiguous(),
+        1,
+        torch.tensor([0, 4]),
+        torch.tensor([2, 3]),
+        layout=torch.jagged,
+    )
     rows, mask = vlm_masks.build_vlm_attn_mask_thd(view, 0)
     assert rows.tolist() == [[1, 2, 0], [5, 6, 7]] and mask.sum().item() == 5
 
@@ -94,19 +109,55 @@ def test_a_view_with_holes_is_read_by_its_real_lengths(context):
 @pytest.mark.parametrize(
     "call, error, message",
     [
-        (lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids, None), TypeError, "pad_token_id must be the tokenizer's pad token id, got None"),
-        (lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids, 1.5), TypeError, "pad_token_id must be an int for torch.int64"),
+        (
+            lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids, None),
+            TypeError,
+            "pad_token_id must be the tokenizer's pad token id, got None",
+        ),
+        (
+            lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids, 1.5),
+            TypeError,
+            "pad_token_id must be an int for torch.int64",
+        ),
         (lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids, True), TypeError, "pad_token_id must be an int"),
-        (lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids.to(torch.int8), 300), ValueError, "pad_token_id=300 does not fit"),
-        (lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids, 2**53 + 1), ValueError, r"pad_token_id=9007199254740993 is beyond 2\*\*53"),
-        (lambda ids: vlm_masks.build_vlm_attn_mask_thd(torch.ones(2, 3), 0), TypeError, "input_ids must be a jagged nested tensor"),
-        (lambda ids: vlm_masks.build_vlm_attn_mask_bshd(ids, 3, 0), ValueError, r"batch_size \(3\) must equal the number of sequences"),
+        (
+            lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids.to(torch.int8), 300),
+            ValueError,
+            "pad_token_id=300 does not fit",
+        ),
+        (
+            lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids, 2**53 + 1),
+            ValueError,
+            r"pad_token_id=9007199254740993 is beyond 2\*\*53",
+        ),
+        (
+            lambda ids: vlm_masks.build_vlm_attn_mask_thd(torch.ones(2, 3), 0),
+            TypeError,
+            "input_ids must be a jagged nested tensor",
+        ),
+        (
+            lambda ids: vlm_masks.build_vlm_attn_mask_bshd(ids, 3, 0),
+            ValueError,
+            r"batch_size \(3\) must equal the number of sequences",
+        ),
         (lambda ids: vlm_masks.build_vlm_attn_mask_bshd(ids, 2.0, 0), TypeError, "batch_size must be an int"),
-        (lambda ids: vlm_masks.build_vlm_attn_mask_bshd(ids, 2, 0, forced_max_seqlen=2), ValueError, "every sequence must fit the rows of 2 tokens"),
-        (lambda ids: vlm_masks.build_vlm_attn_mask_bshd(ids, 2, 0, forced_max_seqlen=-1), ValueError, "forced_max_seqlen must be >= 0"),
-        (lambda ids: vlm_masks.build_vlm_attn_mask_bshd(ids, 2, 0, forced_max_seqlen="5"), TypeError, "forced_max_seqlen must be an int"),
+        (
+            lambda ids: vlm_masks.build_vlm_attn_mask_bshd(ids, 2, 0, forced_max_seqlen=2),
+            ValueError,
+            "every sequence must fit the rows of 2 tokens",
+        ),
+        (
+            lambda ids: vlm_masks.build_vlm_attn_mask_bshd(ids, 2, 0, forced_max_seqlen=-1),
+            ValueError,
+            "forced_max_seqlen must be >= 0",
+        ),
+        (
+            lambda ids: vlm_masks.build_vlm_attn_mask_bshd(ids, 2, 0, forced_max_seqlen="5"),
+            TypeError,
+            "forced_max_seqlen must be an int",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_a_clear_error_naming_the_argument(context, call, error, message):
     """verl would raise an unrelated TypeError for a missing pad id, cut sequences for a short ``forced_max_seqlen``
     and ignore ``batch_size``; each is refused here, naming the argument."""
@@ -141,6 +192,8 @@ def test_ops_are_flat_in_the_batch_size_and_the_only_sync_is_the_longest_sequenc
         after_plan = _cost(lambda: vlm_masks.build_vlm_attn_mask_thd(ids, 0))
         forced = _cost(lambda: vlm_masks.build_vlm_attn_mask_bshd(ids, batch_size, 0, forced_max_seqlen=40))
         costs[batch_size] = (alone, after_plan, forced)
-    assert costs[4][0][0] == costs[256][0][0] and costs[4][1][0] == costs[256][1][0] and costs[4][2][0] == costs[256][2][0]
+    assert (
+        costs[4][0][0] == costs[256][0][0] and costs[4][1][0] == costs[256][1][0] and costs[4][2][0] == costs[256][2][0]
+    )
     for alone, after_plan, forced in costs.values():
         assert (alone[1], after_plan[1], forced[1]) == (1, 0, 0)

@@ -16,8 +16,15 @@ TOLERANCE = 1e-5
 GRAD_NORM_RELATIVE_TOLERANCE = 1e-4
 
 # Small enough for two cores; 2 layers so layer-to-layer state (RoPE, attention) is exercised.
-TINY = CountingAssets(hidden_size=32, intermediate_size=64, num_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, train_prompts=4, test_prompts=4)  # fmt: skip
+TINY = CountingAssets(
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    train_prompts=4,
+    test_prompts=4,
+)
 
 # (prompt, response) token ids; verl's rollout batch left-pads prompts to the longest (6) and right-pads responses
 # to the longest (5). Responses of one and of full length, prompts of one and of full length, a two-token sequence.
@@ -44,7 +51,9 @@ def run_at_cp_1_and_2(worker: Callable[..., dict], model_path: str, count_root: 
         count_dir.mkdir()
         ranks = run_gloo(worker, context_parallel_size, model_path, context_parallel_size, str(count_dir))
         results[context_parallel_size] = {
-            **ranks[0], "all_ranks": ranks, "calls": read_call_counts(count_dir),
+            **ranks[0],
+            "all_ranks": ranks,
+            "calls": read_call_counts(count_dir),
             "roles": read_call_counts(count_dir, "roles"),
-        }  # fmt: skip
+        }
     return results

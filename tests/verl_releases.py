@@ -40,7 +40,17 @@ def _wheel(version: str) -> Path:
     if os.environ.get(OFFLINE_ENV, "").strip() in ("1", "true", "yes"):
         pytest.skip(f"verl {version}'s wheel is not in {folder} and {OFFLINE_ENV} is set")
     folder.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", f"verl=={version}", "-d", str(folder)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        f"verl=={version}",
+        "-d",
+        str(folder),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     found = sorted(folder.glob(f"verl-{version}-*.whl"))
     if result.returncode != 0 or not found:

@@ -29,8 +29,8 @@ from verl_cppack.loss import (
     megatron_per_token_loss_outputs,
     token_mean_loss,
 )
-from verl_cppack.packing.documents import PackedDocuments, pack_documents
 from verl_cppack.packing.builders import plan_from_lengths, plan_from_mask, plan_from_nested
+from verl_cppack.packing.documents import PackedDocuments, pack_documents
 from verl_cppack.packing.plan import PackPlan
 
 __version__ = "0.1.0"

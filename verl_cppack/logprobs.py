@@ -75,7 +75,9 @@ def token_statistics(
 ) -> torch.Tensor:
     """Local logits ``[1, T_local, V]`` -> ``[1, T_local, 1 or 2]`` float32: next-token log-prob (, entropy)."""
     if logits.dim() != 3 or logits.shape[:2] != (1, plan.local_length):
-        raise ValueError(f"the model must return logits [1, T_local={plan.local_length}, vocab], got {tuple(logits.shape)}")
+        raise ValueError(
+            f"the model must return logits [1, T_local={plan.local_length}, vocab], got {tuple(logits.shape)}"
+        )
     log_softmax = torch.log_softmax(logits.float() / temperature, dim=-1)  # [1, T_local, V]
     labels = plan.pack(input_ids, shift=1)  # [1, T_local], 0 where there is no next token
     log_probs = log_softmax.gather(-1, labels.long().unsqueeze(-1))  # [1, T_local, 1]

@@ -49,7 +49,14 @@ def allgather_kv_attention(
     all_k, all_v = kv.split(head_dim, dim=-1)
     lengths = attention_lengths(cu_seqlens_padded, cu_seqlens)  # [n]
     out, _ = slot_attention(
-        q, expand_groups(all_k, num_heads), expand_groups(all_v, num_heads), query, key,
-        lengths, batch_width(lengths, max_seqlen), scale, with_lse=False,
-    )  # fmt: skip
+        q,
+        expand_groups(all_k, num_heads),
+        expand_groups(all_v, num_heads),
+        query,
+        key,
+        lengths,
+        batch_width(lengths, max_seqlen),
+        scale,
+        with_lse=False,
+    )
     return out.to(q.dtype)

@@ -91,8 +91,9 @@ def slot_attention(
         mask = mask | (blind & torch.eye(width, dtype=torch.bool, device=q.device))
         out = F.scaled_dot_product_attention(
             *(x.float().transpose(1, 2) for x in (q_batch, k_batch, v_batch)),  # [n, h, L, d]
-            attn_mask=mask.unsqueeze(1), scale=softmax_scale,
-        ).transpose(1, 2)  # fmt: skip  # [n, L, h, d]
+            attn_mask=mask.unsqueeze(1),
+            scale=softmax_scale,
+        ).transpose(1, 2)  # [n, L, h, d]
         out = torch.cat([out.reshape(sink, *out.shape[2:]), out.new_zeros(1, *out.shape[2:])])
         return out.index_select(0, query_cell), None
     out, lse = attention_block(q_batch, k_batch, v_batch, mask, softmax_scale)  # [n, L, h, d], [n, h, L]

@@ -22,7 +22,7 @@ class StreamCoordinates:
     slot: torch.Tensor  # [rows] sequence owning the row
     offset: torch.Tensor  # [rows] position inside the slot (0 = first token)
 
-    def take(self, rows: torch.Tensor) -> "StreamCoordinates":
+    def take(self, rows: torch.Tensor) -> StreamCoordinates:
         return StreamCoordinates(self.slot.index_select(0, rows), self.offset.index_select(0, rows))
 
 
@@ -43,7 +43,9 @@ def rank_partition(
     return partition
 
 
-def zigzag_half_rows(cu_seqlens_padded: torch.Tensor, local_rows: int, cp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def zigzag_half_rows(
+    cu_seqlens_padded: torch.Tensor, local_rows: int, cp_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Local rows of the first and of the second zigzag chunk of every slot, each ``[local_rows // 2]``.
 
     Under the zigzag layout each rank holds, per slot, chunk ``r`` then chunk ``2*CP-1-r`` of equal

@@ -56,10 +56,15 @@ class ContextParallelCoreAttention(MegatronModule):
         self.te_attention = None
         if use_te:
             self.te_attention = build_te_core_attention(
-                config=config, layer_number=layer_number, attn_mask_type=attn_mask_type,
-                attention_type=attention_type, attention_dropout=attention_dropout, softmax_scale=softmax_scale,
-                cp_comm_type=cp_comm_type, pg_collection=pg_collection,
-            )  # fmt: skip
+                config=config,
+                layer_number=layer_number,
+                attn_mask_type=attn_mask_type,
+                attention_type=attention_type,
+                attention_dropout=attention_dropout,
+                softmax_scale=softmax_scale,
+                cp_comm_type=cp_comm_type,
+                pg_collection=pg_collection,
+            )
         if self.te_attention is None:
             if dropout:
                 raise ValueError(
@@ -86,9 +91,14 @@ class ContextParallelCoreAttention(MegatronModule):
     ) -> torch.Tensor:
         if self.te_attention is not None and query.is_cuda:
             return self.te_attention(
-                query, key, value, attention_mask, attn_mask_type=attn_mask_type,
-                attention_bias=attention_bias, packed_seq_params=packed_seq_params,
-            )  # fmt: skip
+                query,
+                key,
+                value,
+                attention_mask,
+                attn_mask_type=attn_mask_type,
+                attention_bias=attention_bias,
+                packed_seq_params=packed_seq_params,
+            )
         if attention_bias is not None:
             raise ValueError("attention_bias is not supported by the reference core attention")
         ctx = self.parallel_context()
@@ -101,17 +111,25 @@ class ContextParallelCoreAttention(MegatronModule):
         if cu_seqlens is None:
             cu_seqlens = cu_seqlens_padded
         out = context_parallel_attention(
-            query, key, value, cu_seqlens_padded, ctx,
-            implementation=self.implementation, cu_seqlens=cu_seqlens,
+            query,
+            key,
+            value,
+            cu_seqlens_padded,
+            ctx,
+            implementation=self.implementation,
+            cu_seqlens=cu_seqlens,
             layout=getattr(packed_seq_params, "cp_partition_mode", None) or "zigzag",
-            softmax_scale=self.softmax_scale, max_seqlen=packed_seq_params.max_seqlen_q,
-        )  # fmt: skip  # [t, heads, dim]
+            softmax_scale=self.softmax_scale,
+            max_seqlen=packed_seq_params.max_seqlen_q,
+        )  # [t, heads, dim]
         return out.reshape(out.shape[0], -1)  # [t, heads*dim]
 
     def _forward_bshd(self, query, key, value, attention_mask, ctx: ParallelContext) -> torch.Tensor:
         """q ``[s, b, heads, dim]``, k/v ``[s, b, groups, dim]`` -> ``[s, b, heads*dim]``; causal, CP=1."""
         if ctx.cp_size > 1:
-            raise ValueError("the reference core attention supports CP > 1 only for packed THD input (packed_seq_params)")
+            raise ValueError(
+                "the reference core attention supports CP > 1 only for packed THD input (packed_seq_params)"
+            )
         seq_len, batch, num_heads, head_dim = query.shape
         key, value = expand_groups_bshd(key, num_heads), expand_groups_bshd(value, num_heads)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))  # [b, h, s, d]
@@ -133,7 +151,9 @@ def expand_groups_bshd(kv: torch.Tensor, num_heads: int) -> torch.Tensor:
     return expand_groups(kv.reshape(seq_len * batch, *kv.shape[2:]), num_heads).view(seq_len, batch, num_heads, -1)
 
 
-def core_attention_class(implementation: str = "allgather", *, use_te: bool = True) -> type[ContextParallelCoreAttention]:
+def core_attention_class(
+    implementation: str = "allgather", *, use_te: bool = True
+) -> type[ContextParallelCoreAttention]:
     """A subclass fixing ``implementation`` / ``use_te``, for ``SelfAttentionSubmodules.core_attention``."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
@@ -142,7 +162,7 @@ def core_attention_class(implementation: str = "allgather", *, use_te: bool = Tr
 
 @functools.cache
 def _core_attention_class(implementation: str, use_te: bool) -> type[ContextParallelCoreAttention]:
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - the class body's __init__
         ContextParallelCoreAttention.__init__(self, *args, implementation=implementation, use_te=use_te, **kwargs)
 
     name = f"{implementation.capitalize()}CoreAttention{'' if use_te else 'NoTE'}"

@@ -72,7 +72,9 @@ def ring_attention(
     check_qkv(q, k, v)
     check_offsets(cu_seqlens_padded, cu_seqlens, q.device)
     if ctx.cp_size > 1 and ctx.cp_group is None:
-        raise ValueError("ring attention with cp_size > 1 needs ctx.cp_group (e.g. integrations.megatron.parallel_context_from_megatron())")
+        raise ValueError(
+            "ring attention with cp_size > 1 needs ctx.cp_group (e.g. integrations.megatron.parallel_context_from_megatron())"
+        )
     rows, num_heads, head_dim = q.shape
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     rank, size = ctx.cp_rank, ctx.cp_size

@@ -73,7 +73,7 @@ class HostReadCounter:
     """Host reads that dispatch no ATen op on the CPU: ``Tensor.tolist`` (verl's) and ``read_to_host`` (the plan's
     one read), counted by wrapping them for the duration of the ``with`` block."""
 
-    def __enter__(self) -> "HostReadCounter":
+    def __enter__(self) -> HostReadCounter:
         from verl_cppack.core import host
 
         self.calls = 0

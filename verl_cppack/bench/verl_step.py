@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from verl_cppack.bench.batches import rollout_batch
-from verl_cppack.bench.counters import OpCounter, HostReadCounter
+from verl_cppack.bench.counters import HostReadCounter, OpCounter
 from verl_cppack.bench.host_allocator import keep_freed_memory
 from verl_cppack.bench.vlm_masks import measure_vlm_masks, missed_targets, vlm_summary, vlm_table
 from verl_cppack.bench.vlm_masks import median_over_runs as vlm_median_over_runs
@@ -72,7 +72,7 @@ class BenchSettings:
                 )
 
     @classmethod
-    def quick(cls) -> "BenchSettings":
+    def quick(cls) -> BenchSettings:
         return cls(batch_sizes=(16, 64), seq_lens=(256,), cp_sizes=(1, 2), repeats=1, runs=1, warmup=1)
 
 
@@ -265,7 +265,11 @@ def run_benchmark(settings: BenchSettings) -> list[dict[str, Any]]:
         for _ in range(settings.runs):
             queue = context.SimpleQueue()
             mp.start_processes(
-                _rank_main, args=(cp_size, _free_port(), settings, queue), nprocs=cp_size, join=True, start_method="spawn"
+                _rank_main,
+                args=(cp_size, _free_port(), settings, queue),
+                nprocs=cp_size,
+                join=True,
+                start_method="spawn",
             )
             runs.append(queue.get())
         rows.extend(_median_over_runs(point_runs) for point_runs in zip(*runs))
@@ -377,11 +381,19 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
                 + "."
             )
     ours_syncs = max(row["verl_cppack"]["host_syncs"] for row in rows)
-    lines.append(f"- host syncs per micro-batch: verl_cppack ≤ {ours_syncs}; verl {min(r['verl']['host_syncs'] for r in rows)}–{max(r['verl']['host_syncs'] for r in rows)}.")
+    lines.append(
+        f"- host syncs per micro-batch: verl_cppack ≤ {ours_syncs}; verl {min(r['verl']['host_syncs'] for r in rows)}–{max(r['verl']['host_syncs'] for r in rows)}."
+    )
     for seq_len in sorted({row["seq_len"] for row in rows}):
         for cp_size in sorted({row["cp_size"] for row in rows}):
-            ops = {row["verl_cppack"]["aten_ops"] for row in rows if row["seq_len"] == seq_len and row["cp_size"] == cp_size}
-            verl_ops = [row["verl"]["aten_ops"] for row in rows if row["seq_len"] == seq_len and row["cp_size"] == cp_size]
+            ops = {
+                row["verl_cppack"]["aten_ops"]
+                for row in rows
+                if row["seq_len"] == seq_len and row["cp_size"] == cp_size
+            }
+            verl_ops = [
+                row["verl"]["aten_ops"] for row in rows if row["seq_len"] == seq_len and row["cp_size"] == cp_size
+            ]
             if verl_ops:
                 lines.append(
                     f"- S={seq_len} CP={cp_size}: verl_cppack at most {max(ops)} ATen ops for every B "
@@ -442,8 +454,12 @@ def performance_section(rows: list[dict[str, Any]], settings: BenchSettings, plo
         parts += [f"![speed-up]({plot_path})", ""]
     parts.append(markdown_table(rows))
     if any("vlm_masks" in row for row in rows):
-        parts += ["", "VLM mask builders (CP=1, one call each, verl_cppack's plan cache cleared before every call):", "",
-                  vlm_table(rows)]  # fmt: skip
+        parts += [
+            "",
+            "VLM mask builders (CP=1, one call each, verl_cppack's plan cache cleared before every call):",
+            "",
+            vlm_table(rows),
+        ]
     return "\n".join(parts)
 
 
@@ -467,7 +483,9 @@ def check_targets(rows: list[dict[str, Any]]) -> list[str]:
     missed = []
     for row in rows:
         if row["verl_cppack"]["host_syncs"] > 1:
-            missed.append(f"B={row['batch_size']} S={row['seq_len']} CP={row['cp_size']}: {row['verl_cppack']['host_syncs']} syncs")
+            missed.append(
+                f"B={row['batch_size']} S={row['seq_len']} CP={row['cp_size']}: {row['verl_cppack']['host_syncs']} syncs"
+            )
         if row["batch_size"] == 256:
             r = ratios(row)
             if r["preprocess"] < 10:
@@ -478,4 +496,3 @@ def check_targets(rows: list[dict[str, Any]]) -> list[str]:
             if r["postprocess"] < 3:
                 missed.append(f"B=256 S={row['seq_len']} CP={row['cp_size']}: postprocess only {r['postprocess']:.1f}×")
     return missed + missed_targets(rows)
-

@@ -43,14 +43,20 @@ def _measure(call: Any, reset: Any, repeats: int, warmup: int) -> dict[str, floa
     reset()
     with OpCounter() as counter, HostReadCounter() as reads:
         call()
-    return {"ms": statistics.median(times) * 1e3, "aten_ops": counter.total_ops, "host_syncs": counter.syncs() + reads.calls}
+    return {
+        "ms": statistics.median(times) * 1e3,
+        "aten_ops": counter.total_ops,
+        "host_syncs": counter.syncs() + reads.calls,
+    }
 
 
 def measure_vlm_masks(
     verl_util: Any, ours: Any, input_ids: torch.Tensor, mask: torch.Tensor, repeats: int, warmup: int
 ) -> dict[str, dict[str, dict[str, float]]]:
     """``{builder: {"verl": ..., "verl_cppack": ...}}`` for one padded batch (its real tokens as the jagged ids)."""
-    nested = torch.nested.nested_tensor_from_jagged(input_ids[mask], offsets=torch.nn.functional.pad(mask.sum(1).cumsum(0), (1, 0)))
+    nested = torch.nested.nested_tensor_from_jagged(
+        input_ids[mask], offsets=torch.nn.functional.pad(mask.sum(1).cumsum(0), (1, 0))
+    )
     verl_calls, our_calls = _calls(verl_util, nested), _calls(ours, nested)
     return {
         builder: {

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -23,8 +23,10 @@ from verl_cppack.bench.vlm_masks import vlm_table
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = BenchSettings.quick() if args.quick else BenchSettings(
-        threads=args.threads, repeats=args.repeats, runs=args.runs, warmup=args.warmup
+    settings = (
+        BenchSettings.quick()
+        if args.quick
+        else BenchSettings(threads=args.threads, repeats=args.repeats, runs=args.runs, warmup=args.warmup)
     )
     settings = dataclasses.replace(settings, device=args.device, keep_freed_host_memory=not args.system_malloc)
     try:
@@ -74,7 +76,9 @@ def _int_list(name: str, text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise ValueError(f"--{name.replace('_', '-')} takes comma-separated integers like 1,2,4; got {text!r}") from None
+        raise ValueError(
+            f"--{name.replace('_', '-')} takes comma-separated integers like 1,2,4; got {text!r}"
+        ) from None
 
 
 def _joined(values: tuple[int, ...]) -> str:
@@ -82,28 +86,42 @@ def _joined(values: tuple[int, ...]) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="benchmark verl's packing functions against verl_cppack's", description=__doc__)
+    parser = subparsers.add_parser(
+        "bench", help="benchmark verl's packing functions against verl_cppack's", description=__doc__
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke run)")
     parser.add_argument(
         "--output",
         help="folder for results.json, table.md, speedup.png (default bench_out; with --update-docs benchmarks/ beside --doc)",
     )
     defaults = BenchSettings()
-    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads per rank (default %(default)s)")
     parser.add_argument(
-        "--repeats", type=int, default=defaults.repeats, help="micro-batches timed per point; medians (default %(default)s)"
+        "--threads", type=int, default=defaults.threads, help="torch threads per rank (default %(default)s)"
     )
     parser.add_argument(
-        "--runs", type=int, default=defaults.runs, help="fresh process groups per CP size; medians (default %(default)s)"
+        "--repeats",
+        type=int,
+        default=defaults.repeats,
+        help="micro-batches timed per point; medians (default %(default)s)",
     )
     parser.add_argument(
-        "--warmup", type=int, default=defaults.warmup, help="untimed micro-batches per point first (default %(default)s)"
+        "--runs",
+        type=int,
+        default=defaults.runs,
+        help="fresh process groups per CP size; medians (default %(default)s)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=defaults.warmup,
+        help="untimed micro-batches per point first (default %(default)s)",
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per CP rank, nccl")
     parser.add_argument("--batch-sizes", help=f"comma-separated B values (default {_joined(defaults.batch_sizes)})")
     parser.add_argument("--seq-lens", help=f"comma-separated S values (default {_joined(defaults.seq_lens)})")
     parser.add_argument(
-        "--cp-sizes", help=f"comma-separated CP sizes (default {_joined(defaults.cp_sizes)}; one GPU per rank with cuda)"
+        "--cp-sizes",
+        help=f"comma-separated CP sizes (default {_joined(defaults.cp_sizes)}; one GPU per rank with cuda)",
     )
     parser.add_argument(
         "--system-malloc", action="store_true", help="CPU: leave glibc's defaults (freed buffers go back to the OS)"

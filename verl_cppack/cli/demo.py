@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 from verl_cppack.context import ParallelContext
 from verl_cppack.packing.builders import plan_from_lengths
 
@@ -19,7 +17,9 @@ def describe(cp_size: int, layout: str, tp_size: int = 1) -> list[str]:
     tokens = [token for doc in WORKED_EXAMPLE_DOCUMENTS for token in doc]
     lines = []
     for rank in range(cp_size):
-        plan = plan_from_lengths(lengths, ParallelContext(tp_size=tp_size, cp_size=cp_size, cp_rank=rank), layout=layout)
+        plan = plan_from_lengths(
+            lengths, ParallelContext(tp_size=tp_size, cp_size=cp_size, cp_rank=rank), layout=layout
+        )
         if rank == 0:
             stream = ["P"] * plan.total_length
             for position, source in enumerate(plan.stream_source.tolist()):
@@ -27,9 +27,13 @@ def describe(cp_size: int, layout: str, tp_size: int = 1) -> list[str]:
                     stream[position] = tokens[source]
             lines.append(f"layout={layout} cp={cp_size} tp={tp_size}")
             lines.append(f"  cu_seqlens        = {plan.cu_seqlens.tolist()}")
-            lines.append(f"  cu_seqlens_padded = {plan.cu_seqlens_padded.tolist()}  max_seqlen_padded = {plan.max_seqlen_padded}")
+            lines.append(
+                f"  cu_seqlens_padded = {plan.cu_seqlens_padded.tolist()}  max_seqlen_padded = {plan.max_seqlen_padded}"
+            )
             lines.append(f"  packed stream     = {' '.join(stream)}")
-        local_tokens = [tokens[s] if v else "P" for s, v in zip(plan.local_source.tolist(), plan.local_valid_mask.tolist())]
+        local_tokens = [
+            tokens[s] if v else "P" for s, v in zip(plan.local_source.tolist(), plan.local_valid_mask.tolist())
+        ]
         lines.append(
             f"  rank {rank}: index {plan.local_index.tolist()} -> {' '.join(local_tokens)} "
             f"({int(plan.local_valid_mask.sum())} valid)"
@@ -48,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="print the worked example's packed layout per CP rank", description=__doc__)
+    parser = subparsers.add_parser(
+        "demo", help="print the worked example's packed layout per CP rank", description=__doc__
+    )
     parser.add_argument("--cp", type=int, default=2, help="context-parallel size (default 2)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     parser.set_defaults(func=run)

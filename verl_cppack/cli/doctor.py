@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -93,22 +94,26 @@ def cpu_fix_report(verify: bool) -> list[dict[str, Any]]:
     if verify:
         cpu.activate()
         for fix in FIXES:
-            try:
+            with contextlib.suppress(Exception):  # a refused fix or a missing package shows up in its state
                 importlib.import_module(fix.module)
-            except Exception:  # noqa: BLE001 - a refused fix or a missing package shows up in its state
-                pass
     states = {status.fix.name: status for status in cpu.report()}
     rows = []
     for fix in FIXES:
         installed = installed_version(fix.distribution)
         status = states.get(fix.name)
-        rows.append({
-            "name": fix.name, "fixes": fix.fixes, "module": fix.module, "distribution": fix.distribution,
-            "versions": fix.versions, "installed": installed,
-            "version_ok": installed is not None and Version(installed) in SpecifierSet(fix.versions),
-            "state": status.state if status else "not armed",
-            "detail": status.detail if status else "",
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": fix.name,
+                "fixes": fix.fixes,
+                "module": fix.module,
+                "distribution": fix.distribution,
+                "versions": fix.versions,
+                "installed": installed,
+                "version_ok": installed is not None and Version(installed) in SpecifierSet(fix.versions),
+                "state": status.state if status else "not armed",
+                "detail": status.detail if status else "",
+            }
+        )
     return rows
 
 
@@ -118,9 +123,7 @@ def collect(verify: bool) -> dict[str, Any]:
     report: dict[str, Any] = {"versions": installed_versions()}
     path = util_source_path()
     report["verl_util"] = generation_from_source(path) if path is not None else None
-    report["environment"] = {
-        name: os.environ.get(name) for name in ("VERL_USE_EXTERNAL_MODULES", patching.DISABLE_ENV)
-    }
+    report["environment"] = {name: os.environ.get(name) for name in ("VERL_USE_EXTERNAL_MODULES", patching.DISABLE_ENV)}
     if verify and path is not None:
         report["install_returned"] = patching.install()
         report["import_errors"] = {}
@@ -162,8 +165,10 @@ def _print_human(report: dict[str, Any]) -> None:
         if row["detail"]:
             print(f"      {row['detail']}")
     if not patch["installed"]:
-        print("turn it on with actor_rollout_ref.model.external_lib=verl_cppack.verl_plugin "
-              "(or VERL_USE_EXTERNAL_MODULES=verl_cppack.verl_plugin); check with `verl-cppack doctor --verify`")
+        print(
+            "turn it on with actor_rollout_ref.model.external_lib=verl_cppack.verl_plugin "
+            "(or VERL_USE_EXTERNAL_MODULES=verl_cppack.verl_plugin); check with `verl-cppack doctor --verify`"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -174,10 +179,15 @@ def run(args: argparse.Namespace) -> int:
         _print_human(report)
     if args.verify:
         util = report["verl_util"]
-        missing = [] if util is None else [
-            module for module in CALLER_MODULES
-            if module not in report["patch"]["covered"] and module not in report["import_errors"]
-        ]
+        missing = (
+            []
+            if util is None
+            else [
+                module
+                for module in CALLER_MODULES
+                if module not in report["patch"]["covered"] and module not in report["import_errors"]
+            ]
+        )
         refused = [row["name"] for row in report["cpu_fixes"] if row["state"] != "applied"]
         left = report["patch"].get("left_to_verl") or (util or {}).get("left_to_verl")
         return 1 if util is None or missing or refused or left or not report["patch"]["installed"] else 0
@@ -185,7 +195,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("doctor", help="versions, verl API generation, and where the verl patch is installed", description=__doc__)
-    parser.add_argument("--verify", action="store_true", help="install the patch here, import verl's callers, list coverage")
+    parser = subparsers.add_parser(
+        "doctor", help="versions, verl API generation, and where the verl patch is installed", description=__doc__
+    )
+    parser.add_argument(
+        "--verify", action="store_true", help="install the patch here, import verl's callers, list coverage"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)

@@ -16,5 +16,6 @@ from verl_cppack.jobs.grpo import GRPO
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    register_job(subparsers, GRPO, "GRPO through verl's own trainer on CPU, actor and reference at CP=2 (the main job)",
-                 __doc__)  # fmt: skip
+    register_job(
+        subparsers, GRPO, "GRPO through verl's own trainer on CPU, actor and reference at CP=2 (the main job)", __doc__
+    )

@@ -19,5 +19,10 @@ from verl_cppack.jobs.ppo import PPO, PPO_DEFAULTS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    register_job(subparsers, PPO, "PPO through verl's own trainer on CPU: actor, reference and critic at CP=2",
-                 __doc__, PPO_DEFAULTS)  # fmt: skip
+    register_job(
+        subparsers,
+        PPO,
+        "PPO through verl's own trainer on CPU: actor, reference and critic at CP=2",
+        __doc__,
+        PPO_DEFAULTS,
+    )

@@ -25,16 +25,26 @@ def run(args: argparse.Namespace) -> int:
     from verl_cppack.jobs.ref_logprobs import run as run_request
 
     try:
-        request = prepare(model=args.model, input_path=args.input, synthetic=args.synthetic, cp=args.cp,
-                          micro_batch_size=args.micro_batch_size, output=args.output, seed=args.seed)  # fmt: skip
+        request = prepare(
+            model=args.model,
+            input_path=args.input,
+            synthetic=args.synthetic,
+            cp=args.cp,
+            micro_batch_size=args.micro_batch_size,
+            output=args.output,
+            seed=args.seed,
+        )
     except BadInput as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted: nothing was started", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"ref-logprobs: {len(request.pairs)} rows at CP={request.cp} on {request.model}: starting {request.cp} "
-          f"gloo process(es) -> {request.output_dir}", flush=True)  # fmt: skip
+    print(
+        f"ref-logprobs: {len(request.pairs)} rows at CP={request.cp} on {request.model}: starting {request.cp} "
+        f"gloo process(es) -> {request.output_dir}",
+        flush=True,
+    )
     try:
         summary = run_request(request)
     except WorkerFailed as error:
@@ -43,23 +53,32 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted: every worker was stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"ref-logprobs: {summary['rows']} rows, {summary['tokens']} response tokens at CP={summary['cp']} in "
-          f"{summary['wall_s']:.1f} s -> {request.output_dir / 'ref_logprobs.jsonl'}")  # fmt: skip
+    print(
+        f"ref-logprobs: {summary['rows']} rows, {summary['tokens']} response tokens at CP={summary['cp']} in "
+        f"{summary['wall_s']:.1f} s -> {request.output_dir / 'ref_logprobs.jsonl'}"
+    )
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("ref-logprobs", help="reference log-probs through verl's Megatron engine at CP=N",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--model", default=None,
-                        help="Hugging Face checkpoint directory (default: the tiny counting model)")  # fmt: skip
+    parser = subparsers.add_parser(
+        "ref-logprobs",
+        help="reference log-probs through verl's Megatron engine at CP=N",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model", default=None, help="Hugging Face checkpoint directory (default: the tiny counting model)"
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--input", help=".jsonl or .parquet with integer-list columns prompt_ids and response_ids")
     source.add_argument("--synthetic", type=int, default=64, help="score N random pairs instead (default 64)")
     parser.add_argument("--cp", type=int, default=2, help="context-parallel size = gloo processes (default 2)")
     parser.add_argument("--micro-batch-size", type=int, default=8, help="rows per infer_batch call (default 8)")
-    parser.add_argument("--output", default="runs/ref-logprobs",
-                        help="output directory (default runs/ref-logprobs); a non-empty one gets a fresh run-* "
-                             "subdirectory")  # fmt: skip
+    parser.add_argument(
+        "--output",
+        default="runs/ref-logprobs",
+        help="output directory (default runs/ref-logprobs); a non-empty one gets a fresh run-* subdirectory",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the --synthetic pairs and of Megatron (default 0)")
     parser.set_defaults(func=run)

@@ -34,7 +34,9 @@ VOCAB_SIZE = 97
 
 
 # ----------------------------------------------------------------------------------------- the batch
-def rollout_batch(batch_size: int, prompt_length: int, response_length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rollout_batch(
+    batch_size: int, prompt_length: int, response_length: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random ``input_ids``/``attention_mask`` ``[B, P+R]``: left-padded prompts, right-padded responses.
 
     Row 0 has a 1-token prompt and a 1-token response (shorter than any CP chunk), the others random
@@ -83,7 +85,9 @@ def per_token_verl(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, ctx:
     from verl_cppack.integrations import verl as cppack_verl
 
     if not cppack_verl.install():
-        raise RuntimeError("verl_cppack.integrations.verl.install() is disabled (VERL_CPPACK_DISABLE); use --forward ours")
+        raise RuntimeError(
+            "verl_cppack.integrations.verl.install() is disabled (VERL_CPPACK_DISABLE); use --forward ours"
+        )
     from verl.models.mcore import model_forward
 
     for name in ("preprocess_thd_engine", "postprocess_thd_engine"):
@@ -101,9 +105,13 @@ def per_token_verl(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, ctx:
         }
 
     output = model_forward.gptmodel_forward_model_engine(
-        model, nested_ids, {}, logits_processor=logits_processor, logits_processor_args={"label": nested_ids},
+        model,
+        nested_ids,
+        {},
+        logits_processor=logits_processor,
+        logits_processor_args={"label": nested_ids},
         cp_layout=layout,
-    )  # fmt: skip
+    )
     return output["log_probs"].values(), output["entropy"].values()
 
 
@@ -113,9 +121,14 @@ def _run_once(args: argparse.Namespace, cp_size: int, use_verl: bool) -> tuple[t
 
     ctx = init_megatron_parallel(tp_size=args.tp, cp_size=cp_size, seed=args.seed)
     model = build_tiny_gpt(
-        vocab_size=VOCAB_SIZE, hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2,
-        attention=args.attention, seed=args.seed,
-    )  # fmt: skip
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        num_layers=2,
+        num_attention_heads=4,
+        num_query_groups=2,
+        attention=args.attention,
+        seed=args.seed,
+    )
     input_ids, mask = rollout_batch(args.batch_size, args.prompt_length, args.response_length, args.seed)
     forward = per_token_verl if use_verl else per_token_ours
     log_probs, entropy = forward(model, input_ids, mask, ctx, args.layout)  # [N] each
@@ -146,7 +159,9 @@ def _compare(args: argparse.Namespace, use_verl: bool) -> dict[str, float]:
     }
 
 
-def _worker(rank: int, world_size: int, store_path: str, args: argparse.Namespace, use_verl: bool, results: Any) -> None:
+def _worker(
+    rank: int, world_size: int, store_path: str, args: argparse.Namespace, use_verl: bool, results: Any
+) -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")  # TE/Apex absent on CPU
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo talks over loopback only
@@ -184,7 +199,11 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     }
     for key in ("logprob_max_abs_diff", "entropy_max_abs_diff", "grad_max_rel_diff"):
         report[key] = max(m[key] for m in metrics)
-    report["tolerances"] = {"logprob_abs": LOGPROB_TOLERANCE, "entropy_abs": LOGPROB_TOLERANCE, "grad_rel": GRAD_TOLERANCE}
+    report["tolerances"] = {
+        "logprob_abs": LOGPROB_TOLERANCE,
+        "entropy_abs": LOGPROB_TOLERANCE,
+        "grad_rel": GRAD_TOLERANCE,
+    }
     report["passed"] = (
         report["logprob_max_abs_diff"] <= LOGPROB_TOLERANCE
         and report["entropy_max_abs_diff"] <= LOGPROB_TOLERANCE
@@ -246,20 +265,32 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "verify-cp", help="check that CP=N gives the CP=1 log-probs, entropy and gradients (tiny GPT, gloo, CPU)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "verify-cp",
+        help="check that CP=N gives the CP=1 log-probs, entropy and gradients (tiny GPT, gloo, CPU)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--cp", type=int, default=2, help="context-parallel size N to check (default 2)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (only 1 for now)")
-    parser.add_argument("--layout", choices=("zigzag", "contiguous"), default="zigzag",
-                        help="CP layout: zigzag (ring / TE) or contiguous (contiguous needs a megatron-core with "
-                        "cp_partition_mode; 0.16.1 has none, so it is refused there)")
-    parser.add_argument("--attention", choices=("allgather", "ring"), default="allgather",
-                        help="CP attention: all-gather K/V or zigzag ring (default allgather)")
     parser.add_argument(
-        "--forward", choices=("auto", "verl", "ours"), default="auto",
+        "--layout",
+        choices=("zigzag", "contiguous"),
+        default="zigzag",
+        help="CP layout: zigzag (ring / TE) or contiguous (contiguous needs a megatron-core with "
+        "cp_partition_mode; 0.16.1 has none, so it is refused there)",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=("allgather", "ring"),
+        default="allgather",
+        help="CP attention: all-gather K/V or zigzag ring (default allgather)",
+    )
+    parser.add_argument(
+        "--forward",
+        choices=("auto", "verl", "ours"),
+        default="auto",
         help="auto: verl's engine forward with verl_cppack installed when available, else verl_cppack's own",
-    )  # fmt: skip
+    )
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON here")
     parser.add_argument("--batch-size", type=int, default=4, help="rollout rows (default 4)")
     parser.add_argument("--prompt-length", type=int, default=12, help="longest left-padded prompt (default 12)")

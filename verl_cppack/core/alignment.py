@@ -48,23 +48,23 @@ class Alignment:
             )
 
     @classmethod
-    def per_slot(cls, multiple: int) -> "Alignment":
+    def per_slot(cls, multiple: int) -> Alignment:
         """Pad every slot to ``multiple`` (no extra stream-level padding)."""
         return cls(slot_multiple=multiple, stream_multiple=multiple)
 
     @classmethod
-    def rows(cls, length: int) -> "Alignment":
+    def rows(cls, length: int) -> Alignment:
         """Every slot exactly ``length`` long, an empty sequence's too (BSHD rows; a longer sequence gets a longer
         slot, which callers that need rows refuse)."""
         return cls(slot_multiple=length, stream_multiple=length, min_slot_length=length)
 
     @classmethod
-    def per_stream(cls, multiple: int) -> "Alignment":
+    def per_stream(cls, multiple: int) -> Alignment:
         """Pad only the stream total to ``multiple`` (contiguous layout / CP=1 only)."""
         return cls(slot_multiple=1, stream_multiple=multiple)
 
     @classmethod
-    def fp8(cls, base_multiple: int, block: int = FP8_SLOT_MULTIPLE) -> "Alignment":
+    def fp8(cls, base_multiple: int, block: int = FP8_SLOT_MULTIPLE) -> Alignment:
         """verl's FP8 policy: slots to ``lcm(block, base)``, stream total to ``base * 128``. ``block``: tokens per
         quantisation block, 16 (FP8 GEMMs) or 32 (MXFP8)."""
         require_int("base_multiple", base_multiple, minimum=1)

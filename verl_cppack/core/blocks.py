@@ -45,7 +45,9 @@ class BlockGather:
             copied = rows.index_select(0, self.windows)  # [total, *]
         else:  # window w is rows[w : w + block]: an overlapping strided view, no copy
             block = self.block
-            windows = rows.as_strided((rows.shape[0] - block + 1, block, *rows.shape[1:]), (rows.stride(0), *rows.stride()))
+            windows = rows.as_strided(
+                (rows.shape[0] - block + 1, block, *rows.shape[1:]), (rows.stride(0), *rows.stride())
+            )
             copied = windows.index_select(0, self.windows).flatten(0, 1)[: self.total]  # [total, *]
             copied.index_copy_(0, self.fix_positions, rows.index_select(0, self.fix_sources))
         if self.fill_positions.numel():  # e.g. no padding and no missing target: nothing to zero

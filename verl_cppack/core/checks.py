@@ -49,13 +49,11 @@ def require_stream_int(name: str, value: object, minimum: int = 0) -> int:
     """An int that counts stream positions: below ``2**31``, as THD offsets are int32."""
     require_int(name, value, minimum)
     if value >= MAX_STREAM_POSITIONS:
-        raise ValueError(
-            f"{name} must be < 2**31 (THD offsets are int32, no packed stream is that long), got {value}"
-        )
+        raise ValueError(f"{name} must be < 2**31 (THD offsets are int32, no packed stream is that long), got {value}")
     return value
 
 
-def require_context(value: object, name: str = "ctx", allow_none: bool = True) -> "ParallelContext":
+def require_context(value: object, name: str = "ctx", allow_none: bool = True) -> ParallelContext:
     """A ``ParallelContext``; ``None`` is the default context (no parallelism) where ``allow_none``."""
     from verl_cppack.context import ParallelContext
 
@@ -122,8 +120,13 @@ def check_cu_seqlens_padded(cu_seqlens_padded: object, slot_divisor: int) -> tup
     wide = cu.long()  # differences of int32 offsets can overflow int32; of values in [0, 2**31), never int64
     slot_lengths = wide[1:] - wide[:-1]
     first, total, outside, decreasing, indivisible = torch.stack(
-        [wide[0], wide[-1], ((wide < 0) | (wide >= MAX_STREAM_POSITIONS)).sum(), (slot_lengths < 0).sum(),
-         (slot_lengths % slot_divisor != 0).sum()]
+        [
+            wide[0],
+            wide[-1],
+            ((wide < 0) | (wide >= MAX_STREAM_POSITIONS)).sum(),
+            (slot_lengths < 0).sum(),
+            (slot_lengths % slot_divisor != 0).sum(),
+        ]
     ).tolist()
     if outside:
         raise ValueError(

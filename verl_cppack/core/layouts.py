@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from verl_cppack.context import ParallelContext
+from verl_cppack.core import host
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import check_cu_seqlens_padded, require_int
-from verl_cppack.core import host
 from verl_cppack.core.runs import linear_runs
 
 LayoutName = Literal["zigzag", "contiguous"]
@@ -38,7 +38,7 @@ class Runs:
     total: int  # length.sum()
 
     @classmethod
-    def whole_slots(cls, cu_seqlens_padded: np.ndarray) -> "Runs":
+    def whole_slots(cls, cu_seqlens_padded: np.ndarray) -> Runs:
         """The stream itself: one run per slot."""
         slot_lengths = cu_seqlens_padded[1:] - cu_seqlens_padded[:-1]
         return cls(np.zeros_like(slot_lengths), slot_lengths, 0, int(cu_seqlens_padded[-1]))
@@ -153,7 +153,9 @@ def get_layout(layout: LayoutName | Layout) -> Layout:
     if isinstance(layout, Layout):
         return layout
     if not isinstance(layout, str):
-        raise TypeError(f"layout must be one of {sorted(_LAYOUTS)} (a str) or a Layout, got {type(layout).__name__} ({layout!r})")
+        raise TypeError(
+            f"layout must be one of {sorted(_LAYOUTS)} (a str) or a Layout, got {type(layout).__name__} ({layout!r})"
+        )
     if layout not in _LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(_LAYOUTS)}, got {layout!r}")
     return _LAYOUTS[layout]

@@ -69,7 +69,7 @@ def packed_seq_params_accepts(cls: type, name: str) -> bool:
 
 
 def packed_seq_params_arguments(
-    plan: "PackPlan", *, real_seqlens_in_attention: bool = False
+    plan: PackPlan, *, real_seqlens_in_attention: bool = False
 ) -> tuple[type, dict[str, Any]]:
     """The class and keyword arguments of a THD ``PackedSeqParams`` with global (not CP-divided) offsets.
 
@@ -102,7 +102,7 @@ def packed_seq_params_arguments(
 
 
 def packed_seq_params_later_fields(
-    plan: "PackPlan", cls: type, *, real_seqlens_in_attention: bool = False, include_total_tokens: bool = False
+    plan: PackPlan, cls: type, *, real_seqlens_in_attention: bool = False, include_total_tokens: bool = False
 ) -> dict[str, Any]:
     """The fields megatron-core added after 0.16 (0.17: ``total_tokens``, ``seq_idx``; 0.19: ``tokens_per_sample``,
     ``pad_between_seqs``) of ``plan``'s ``PackedSeqParams`` of class ``cls``, computed without a host sync. They are
@@ -146,7 +146,7 @@ _ARGUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def packed_seq_params(
-    plan: "PackPlan", *, real_seqlens_in_attention: bool = False, include_total_tokens: bool = False
+    plan: PackPlan, *, real_seqlens_in_attention: bool = False, include_total_tokens: bool = False
 ) -> Any:
     """A new Megatron ``PackedSeqParams`` (THD) for ``plan`` per call: ``packed_seq_params_arguments`` passed to the
     class, then ``packed_seq_params_later_fields`` set on the object."""

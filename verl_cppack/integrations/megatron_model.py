@@ -143,7 +143,9 @@ def build_tiny_gpt(
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
         raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
     if hidden_size % num_attention_heads:
-        raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_attention_heads})")
+        raise ValueError(
+            f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_attention_heads})"
+        )
     if num_query_groups is not None and num_attention_heads % num_query_groups:
         raise ValueError(
             f"num_attention_heads ({num_attention_heads}) must be a multiple of num_query_groups ({num_query_groups})"
@@ -208,4 +210,3 @@ def _cpu_rotary_class() -> type:
             return emb[:, None, None, :]  # [s, 1, 1, dim]
 
     return CpuRotaryEmbedding
-

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import torch
@@ -45,7 +45,7 @@ WHOLE_BATCH_FIELDS = (
 )
 
 
-@lru_cache(maxsize=None)
+@cache
 def packed_seq_params_with_valid_tokens_class() -> type:
     """``PackedSeqParamsWithValidTokens``: the installed ``PackedSeqParams`` plus the fields above."""
     base = packed_seq_params_class()

@@ -67,8 +67,10 @@ def encode_batch(tokenizer, samples):
     and each row's last position ``[batch]``; a response shorter than ``RESPONSE_LENGTH`` ends with ``EOS``."""
     import torch
 
-    rows = [tokenizer(prompt + response + (EOS if len(response) < RESPONSE_LENGTH else ""))["input_ids"]
-            for prompt, response, _ in samples]  # fmt: skip
+    rows = [
+        tokenizer(prompt + response + (EOS if len(response) < RESPONSE_LENGTH else ""))["input_ids"]
+        for prompt, response, _ in samples
+    ]
     max_length = max(map(len, rows))
     input_ids = torch.zeros(len(rows), max_length, dtype=torch.long)  # [batch, max_length]
     attention_mask = torch.zeros_like(input_ids)

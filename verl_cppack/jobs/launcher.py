@@ -73,16 +73,28 @@ class TrainerRun:
 
     def command(self) -> list[str]:
         runtime_env = runtime_environment(self.environment(), self.task_dir)
-        ray_init = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_string(v)}"
-                    for k, v in runtime_env.pop("env_vars").items()]  # fmt: skip
-        ray_init.append("++ray_kwargs.ray_init.runtime_env.py_modules=["
-                        + ",".join(hydra_string(m) for m in runtime_env.pop("py_modules")) + "]")  # fmt: skip
+        ray_init = [
+            f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_string(v)}"
+            for k, v in runtime_env.pop("env_vars").items()
+        ]
+        ray_init.append(
+            "++ray_kwargs.ray_init.runtime_env.py_modules=["
+            + ",".join(hydra_string(m) for m in runtime_env.pop("py_modules"))
+            + "]"
+        )
         ray_init += [f"++ray_kwargs.ray_init.runtime_env.{k}={hydra_string(v)}" for k, v in runtime_env.items()]
         if self.address:
             ray_init.append(f"++ray_kwargs.ray_init.address={hydra_string(self.address)}")
         hydra_dir = f"hydra.run.dir={hydra_string(str((self.output_dir / 'hydra').resolve()))}"  # not ./outputs
-        return [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-name={CONFIG_NAME}",
-                *self.overrides, *ray_init, hydra_dir]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "verl.trainer.main_ppo",
+            f"--config-name={CONFIG_NAME}",
+            *self.overrides,
+            *ray_init,
+            hydra_dir,
+        ]
 
 
 def hydra_string(value: str) -> str:
@@ -104,9 +116,15 @@ def run_trainer(
     records: list[dict[str, Any]] = []
     with run.log_path.open("w") as log:
         child = subprocess.Popen(  # in the task directory, as every worker: verl's driver opens the files it names too
-            run.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=run.task_dir,
-            env={**os.environ, **run.environment()}, start_new_session=True, preexec_fn=_trainer_setup(),
-        )  # fmt: skip
+            run.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=run.task_dir,
+            env={**os.environ, **run.environment()},
+            start_new_session=True,
+            preexec_fn=_trainer_setup(),
+        )
         follower = _LineFollower(run.verl_metrics_path)
         trainer_output = _LineFollower(run.log_path) if run.verbose else None
         problem, next_watch = None, time.monotonic() + WATCH_INTERVAL_S
@@ -136,8 +154,10 @@ def run_trainer(
     if problem is not None:
         raise TrainerFailed(f"{problem}; verl's trainer was stopped (its output: {run.log_path})")
     if child.returncode != 0:
-        raise TrainerFailed(f"verl's trainer exited with status {child.returncode}; its output: {run.log_path}\n"
-                            + last_error_lines(run.log_path))  # fmt: skip
+        raise TrainerFailed(
+            f"verl's trainer exited with status {child.returncode}; its output: {run.log_path}\n"
+            + last_error_lines(run.log_path)
+        )
     return records
 
 
@@ -223,15 +243,19 @@ def step_record(logged: dict[str, Any], shape: ParallelShape) -> dict[str, Any]:
             non_finite.append(name)
             continue
         record[name] = value
-    record.update(step=int(logged["step"]), reward_mean=float(data["critic/score/mean"]),
-                  tp=shape.tp, cp=shape.cp, dp=shape.dp)  # fmt: skip
+    record.update(
+        step=int(logged["step"]), reward_mean=float(data["critic/score/mean"]), tp=shape.tp, cp=shape.cp, dp=shape.dp
+    )
     if non_finite:
         record["non_finite"] = sorted(non_finite)
     return record
 
 
 def summarize(
-    records: Sequence[dict[str, Any]], call_records: Sequence[dict[str, Any]], run: TrainerRun, wall_s: float,
+    records: Sequence[dict[str, Any]],
+    call_records: Sequence[dict[str, Any]],
+    run: TrainerRun,
+    wall_s: float,
     verl_version: str,
 ) -> dict[str, Any]:
     """The run's summary: verl's metrics over the steps, the shape, and the drop-in calls the workers recorded

@@ -182,9 +182,13 @@ def engine_batch(tensors: dict[str, torch.Tensor], micro_batch_size: int, **meta
 
     data = left_right_2_no_padding(tu.get_tensordict(dict(tensors)))
     settings = dict(
-        temperature=1.0, use_remove_padding=True, use_dynamic_bsz=False, micro_batch_size_per_gpu=micro_batch_size,
-        max_token_len_per_gpu=None, use_fused_kernels=False,
-    )  # fmt: skip
+        temperature=1.0,
+        use_remove_padding=True,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=micro_batch_size,
+        max_token_len_per_gpu=None,
+        use_fused_kernels=False,
+    )
     tu.assign_non_tensor(data, **{**settings, **meta})
     return data
 

@@ -24,7 +24,9 @@ def fresh_output_dir(requested: str | Path) -> Path:
             requested.mkdir(parents=True, exist_ok=True)
             return requested
     except OSError as error:
-        raise ValueError(f"cannot create or read the output directory {requested}: {error}; pass --output DIR") from error
+        raise ValueError(
+            f"cannot create or read the output directory {requested}: {error}; pass --output DIR"
+        ) from error
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for attempt in range(1000):
         candidate = requested / (f"run-{stamp}" if attempt == 0 else f"run-{stamp}-{attempt}")

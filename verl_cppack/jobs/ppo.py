@@ -54,8 +54,12 @@ def make_reward_model(run: CpuRun, config: Any) -> None:
     """Train the critic's reward model when the config still points the critic at it (once; it is cached)."""
     directory = reward_model_dir(run.assets)
     if str(config.critic.model.path) == run.assets.relative(directory) and not (directory / "training.json").is_file():
-        print("ppo: training the critic's starting checkpoint, the counting task's reward model "
-              "(once, about half a minute)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            "ppo: training the critic's starting checkpoint, the counting task's reward model "
+            "(once, about half a minute)",
+            file=sys.stderr,
+            flush=True,
+        )
         ensure_counting_reward_model(run.assets)
 
 

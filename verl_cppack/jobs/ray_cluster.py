@@ -97,8 +97,13 @@ def check_joinable(address: str) -> None:
     check_address_answers(address)
     probe = "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR')"
     try:
-        result = subprocess.run([sys.executable, "-c", probe, address], capture_output=True, text=True,
-                                timeout=JOIN_TIMEOUT_S, stdin=subprocess.DEVNULL)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-c", probe, address],
+            capture_output=True,
+            text=True,
+            timeout=JOIN_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired as error:
         raise ClusterUnavailable(
             f"no Ray cluster answered at {address} within {JOIN_TIMEOUT_S:.0f} s (something listens there, but not a "
@@ -127,7 +132,9 @@ def capacity_problem(
     slots = sum(node.slots for node in nodes)
     fitting = [node for node in nodes if node.slots >= per_node and node.cpus >= node_cpus]
     layout = ", ".join(f"{node.address}: {node.slots:g} slots, {node.cpus:g} CPUs" for node in nodes) or "no nodes"
-    wanted = f"this job needs {shape.workers} worker slots ({shape.describe()}), {per_node} per node with {node_cpus} CPUs"
+    wanted = (
+        f"this job needs {shape.workers} worker slots ({shape.describe()}), {per_node} per node with {node_cpus} CPUs"
+    )
     how = (
         f"start each node with `ray start ... --num-gpus {per_node} --num-cpus {node_cpus + EXTRA_CPUS}` (the CPU "
         f"job counts one logical GPU per worker; on GPUs, {per_node} real ones) or change --tp/--cp/--dp/--nnodes"
@@ -137,7 +144,9 @@ def capacity_problem(
     needed_cpus = CPUS_PER_SLOT * shape.workers + EXTRA_CPUS
     total_cpus = sum(node.cpus for node in nodes)
     if total_cpus < needed_cpus:
-        return f"the Ray cluster at {where} has {total_cpus:g} CPUs ({layout}); {wanted} and {needed_cpus} in all; {how}"
+        return (
+            f"the Ray cluster at {where} has {total_cpus:g} CPUs ({layout}); {wanted} and {needed_cpus} in all; {how}"
+        )
     free_slots, free_cpus = available.get(SLOT_RESOURCE, 0.0), available.get("CPU", 0.0)
     if free_slots < shape.workers or free_cpus < needed_cpus:
         return (
@@ -166,9 +175,13 @@ class ClusterSession:
             check_joinable(address)
         try:
             if address is None:
-                context = ray.init(num_cpus=max(LOCAL_CLUSTER_CPUS, CPUS_PER_SLOT * shape.workers + EXTRA_CPUS),
-                                   num_gpus=shape.workers, include_dashboard=False, log_to_driver=False,
-                                   logging_level="ERROR")  # fmt: skip
+                context = ray.init(
+                    num_cpus=max(LOCAL_CLUSTER_CPUS, CPUS_PER_SLOT * shape.workers + EXTRA_CPUS),
+                    num_gpus=shape.workers,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level="ERROR",
+                )
                 join_address = context.address_info["gcs_address"]
             else:  # verl's trainer joins with the user's own words ('auto' finds the cluster, and its token, as here)
                 ray.init(address=address, log_to_driver=False, logging_level="ERROR")
@@ -189,8 +202,12 @@ class ClusterSession:
 
     def nodes(self) -> list[NodeCapacity]:
         return [
-            NodeCapacity(node["NodeID"], node["NodeManagerAddress"], float(node["Resources"].get(SLOT_RESOURCE, 0)),
-                         float(node["Resources"].get("CPU", 0)))  # fmt: skip
+            NodeCapacity(
+                node["NodeID"],
+                node["NodeManagerAddress"],
+                float(node["Resources"].get(SLOT_RESOURCE, 0)),
+                float(node["Resources"].get("CPU", 0)),
+            )
             for node in self._ray.nodes()
             if node["Alive"]
         ]

@@ -83,9 +83,15 @@ def load_pairs(path: str | Path) -> list[Pair]:
     for index, row in enumerate(rows):
         missing = [column for column in ("prompt_ids", "response_ids") if column not in row]
         if missing:
-            raise BadInput(f"{path} row {index} needs 'prompt_ids' and 'response_ids', lacks {missing} (has {sorted(row)})")
-        pairs.append((_token_ids(row["prompt_ids"], path, index, "prompt_ids"),
-                      _token_ids(row["response_ids"], path, index, "response_ids")))  # fmt: skip
+            raise BadInput(
+                f"{path} row {index} needs 'prompt_ids' and 'response_ids', lacks {missing} (has {sorted(row)})"
+            )
+        pairs.append(
+            (
+                _token_ids(row["prompt_ids"], path, index, "prompt_ids"),
+                _token_ids(row["response_ids"], path, index, "response_ids"),
+            )
+        )
     return pairs
 
 
@@ -112,7 +118,9 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
     try:
         import pandas
     except ImportError as error:
-        raise BadInput(f"reading {path} needs pandas and pyarrow (pip install pandas pyarrow), or pass a .jsonl") from error
+        raise BadInput(
+            f"reading {path} needs pandas and pyarrow (pip install pandas pyarrow), or pass a .jsonl"
+        ) from error
     try:
         return pandas.read_parquet(path).to_dict("records")
     except Exception as error:  # pyarrow raises its own error types for a file that is not parquet
@@ -216,8 +224,9 @@ def worker_log(output_dir: Path, rank: int) -> Path:
     return output_dir / f"worker-{rank}.log"
 
 
-def _worker(rank: int, world_size: int, rendezvous: str, request: RefLogprobsRequest, started: float,
-            results: Any) -> None:  # fmt: skip
+def _worker(
+    rank: int, world_size: int, rendezvous: str, request: RefLogprobsRequest, started: float, results: Any
+) -> None:
     """One gloo rank. Reports ``(rank, "ok", None)`` or ``(rank, "error", traceback)`` on ``results``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops every worker
     log = open(worker_log(request.output_dir, rank), "a", encoding="utf-8")  # noqa: SIM115  lives as long as the process
@@ -232,8 +241,13 @@ def _worker(rank: int, world_size: int, rendezvous: str, request: RefLogprobsReq
     import torch.distributed as dist
 
     warnings.filterwarnings("ignore", category=UserWarning)  # TE/Apex absent on CPU; optional verl engines
-    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))  # fmt: skip
+    dist.init_process_group(
+        "gloo",
+        init_method=rendezvous,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S),
+    )
     try:
         _score(rank, request, started)
         results.put((rank, "ok", None))
@@ -248,10 +262,20 @@ def _worker(rank: int, world_size: int, rendezvous: str, request: RefLogprobsReq
 
 def _score(rank: int, request: RefLogprobsRequest, started: float) -> None:
     import verl_cppack.verl_plugin  # noqa: F401  verl_cppack's drop-ins + the CPU fixes
-    from verl_cppack.jobs.megatron_engine import EngineSettings, build_megatron_engine, response_log_probs, rollout_tensors
+    from verl_cppack.jobs.megatron_engine import (
+        EngineSettings,
+        build_megatron_engine,
+        response_log_probs,
+        rollout_tensors,
+    )
 
-    settings = EngineSettings(str(request.model), context_parallel_size=request.cp,
-                              micro_batch_size=request.micro_batch_size, forward_only=True, seed=request.seed)  # fmt: skip
+    settings = EngineSettings(
+        str(request.model),
+        context_parallel_size=request.cp,
+        micro_batch_size=request.micro_batch_size,
+        forward_only=True,
+        seed=request.seed,
+    )
     built = build_megatron_engine(settings)
     log_probs = response_log_probs(built, rollout_tensors(request.pairs), request.micro_batch_size)  # [B, R] or None
     if rank == 0:
@@ -268,8 +292,10 @@ def write_results(request: RefLogprobsRequest, log_probs: torch.Tensor, wall_s: 
         raise ValueError(f"{rows} rows of log-probs for {len(request.pairs)} pairs")
     with (request.output_dir / RESULTS_FILE).open("w", encoding="utf-8") as file:
         for (prompt, response), values in zip(request.pairs, log_probs.tolist(), strict=True):
-            file.write(json.dumps({"prompt_ids": prompt, "response_ids": response,
-                                   "ref_log_probs": values[: len(response)]}) + "\n")  # fmt: skip
+            file.write(
+                json.dumps({"prompt_ids": prompt, "response_ids": response, "ref_log_probs": values[: len(response)]})
+                + "\n"
+            )
     summary = {
         "rows": rows,
         "tokens": sum(len(response) for _, response in request.pairs),
@@ -296,9 +322,14 @@ def run(request: RefLogprobsRequest, poll_s: float = 0.2) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="verl_cppack_ref_") as folder:
         rendezvous = f"file://{os.path.join(folder, 'rendezvous')}"  # no port to race for
         results = context.Queue()
-        processes = [context.Process(target=_worker, args=(rank, request.cp, rendezvous, request, started, results),
-                                     name=f"ref-logprobs-rank{rank}")
-                     for rank in range(request.cp)]  # fmt: skip
+        processes = [
+            context.Process(
+                target=_worker,
+                args=(rank, request.cp, rendezvous, request, started, results),
+                name=f"ref-logprobs-rank{rank}",
+            )
+            for rank in range(request.cp)
+        ]
         try:
             for process in processes:
                 process.start()
@@ -322,7 +353,9 @@ def _wait(processes: Sequence[Any], results: Any, poll_s: float) -> str | None:
         try:
             rank, status, report = results.get(timeout=poll_s)
         except queue.Empty:
-            exited = [rank for rank, process in enumerate(processes) if rank not in done and process.exitcode is not None]
+            exited = [
+                rank for rank, process in enumerate(processes) if rank not in done and process.exitcode is not None
+            ]
             if exited:  # one more look: its report may still be on its way
                 try:
                     rank, status, report = results.get(timeout=1.0)

@@ -73,8 +73,10 @@ def check_batch_sizes(run: CpuRun) -> None:
     """``ValueError`` unless verl can split the batch: prompts into mini-batches, each mini-batch over DP ranks."""
     dp = run.shape.dp
     if run.prompts_per_step % run.mini_batches:
-        raise ValueError(f"prompts_per_step ({run.prompts_per_step}) must be a multiple of {run.mini_batches} "
-                         "(verl makes that many optimizer steps per training step)")  # fmt: skip
+        raise ValueError(
+            f"prompts_per_step ({run.prompts_per_step}) must be a multiple of {run.mini_batches} "
+            "(verl makes that many optimizer steps per training step)"
+        )
     if run.responses_per_mini_batch % dp or (run.prompts_per_step * run.group_size // 2) % dp:
         raise ValueError(
             f"dp={dp} must divide the {run.responses_per_mini_batch} responses of a mini-batch and half of the "
@@ -104,8 +106,10 @@ def cpu_overlay(run: CpuRun) -> list[str]:
     The task's files are named relative to its directory, which Ray ships to every worker as its working
     directory (``launcher.TrainerRun``): no node needs the driver's file system."""
     check_batch_sizes(run)
-    megatron = [*megatron_overlay("actor_rollout_ref.actor.megatron", run),
-                *megatron_overlay("actor_rollout_ref.ref.megatron", run)]  # fmt: skip
+    megatron = [
+        *megatron_overlay("actor_rollout_ref.actor.megatron", run),
+        *megatron_overlay("actor_rollout_ref.ref.megatron", run),
+    ]
     batch, dp, task = run.prompts_per_step, run.shape.dp, run.assets
     return [
         f"data.train_files={task.relative(task.train)}",

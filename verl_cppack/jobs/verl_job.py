@@ -67,7 +67,7 @@ class JobSettings:
     verbose: bool = False
 
     def __post_init__(self) -> None:
-        self.shape  # tp, cp, dp, nnodes checked
+        ParallelShape(tp=self.tp, cp=self.cp, dp=self.dp, nnodes=self.nnodes)  # checks them
         for name in ("steps", "prompts_per_step", "group_size"):
             require_int(name, getattr(self, name), minimum=1)
         require_int("seed", self.seed, minimum=0)
@@ -108,15 +108,22 @@ def prepare_job(kind: JobKind, settings: JobSettings, output_dir: Path | None = 
     # absolute: verl's processes run in the task directory
     output_dir = (output_dir or fresh_output_dir(settings.output or f"runs/{kind.name}")).resolve()
     run = CpuRun(
-        assets=ensure_counting_assets(), shape=settings.shape, steps=settings.steps,
-        prompts_per_step=settings.prompts_per_step, group_size=settings.group_size, seed=settings.seed,
-        learning_rate=settings.learning_rate, output_dir=output_dir,
-    )  # fmt: skip
+        assets=ensure_counting_assets(),
+        shape=settings.shape,
+        steps=settings.steps,
+        prompts_per_step=settings.prompts_per_step,
+        group_size=settings.group_size,
+        seed=settings.seed,
+        learning_rate=settings.learning_rate,
+        output_dir=output_dir,
+    )
     overrides = merge_overrides(
-        recipe_overrides(kind.recipe), cpu_overlay(run), kind.overlay(run),
+        recipe_overrides(kind.recipe),
+        cpu_overlay(run),
+        kind.overlay(run),
         [f"trainer.use_v1={TRAINERS[settings.trainer]}", f"trainer.experiment_name={kind.name}_cpu"],
         settings.overrides,
-    )  # fmt: skip
+    )
     config = compose_trainer_config(overrides)
     kind.make_assets(run, config)
     check_composed(config, run.assets.root)
@@ -205,8 +212,14 @@ def run_job(prepared: PreparedJob, on_step: Callable[[dict[str, Any]], None] = l
     started = time.monotonic()
     session = ClusterSession.open(settings.address, settings.shape)
     try:
-        run = TrainerRun(overrides=prepared.overrides, output_dir=output_dir, shape=settings.shape,
-                         address=session.address, task_dir=prepared.task_dir, verbose=settings.verbose)  # fmt: skip
+        run = TrainerRun(
+            overrides=prepared.overrides,
+            output_dir=output_dir,
+            shape=settings.shape,
+            address=session.address,
+            task_dir=prepared.task_dir,
+            verbose=settings.verbose,
+        )
         records = run_trainer(run, on_step, watch=session.watch)
         call_records = read_ray_call_records(run.call_count_key, delete=True) + read_call_records(run.call_count_dir)
     finally:
@@ -221,10 +234,15 @@ def run_job(prepared: PreparedJob, on_step: Callable[[dict[str, Any]], None] = l
 def write_plots(kind: JobKind, records: Sequence[dict[str, Any]], output_dir: Path) -> list[str]:
     """``reward_curve.png`` (reward and actor panels) and, for a job with a critic, ``critic_curve.png``."""
     written = []
-    groups = {"reward_curve.png": [p for p in kind.panels if not p.key.startswith("critic/vf")],
-              "critic_curve.png": [p for p in kind.panels if p.key.startswith("critic/vf")]}  # fmt: skip
+    groups = {
+        "reward_curve.png": [p for p in kind.panels if not p.key.startswith("critic/vf")],
+        "critic_curve.png": [p for p in kind.panels if p.key.startswith("critic/vf")],
+    }
     for name, panels in groups.items():
         present = [panel for panel in panels if all(panel.key in record for record in records)]
-        if present and plot_panels(records, output_dir / name, f"verl {kind.name.upper()}, counting task", present) is None:
+        if (
+            present
+            and plot_panels(records, output_dir / name, f"verl {kind.name.upper()}, counting task", present) is None
+        ):
             written.append(str(output_dir / name))
     return written

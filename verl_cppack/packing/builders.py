@@ -16,7 +16,13 @@ import torch
 from verl_cppack.context import ParallelContext
 from verl_cppack.core import host
 from verl_cppack.core.alignment import Alignment
-from verl_cppack.core.checks import MAX_STREAM_POSITIONS, require_context, require_jagged, require_stream_int, require_tensor
+from verl_cppack.core.checks import (
+    MAX_STREAM_POSITIONS,
+    require_context,
+    require_jagged,
+    require_stream_int,
+    require_tensor,
+)
 from verl_cppack.core.layouts import Layout, LayoutName, get_layout
 from verl_cppack.core.runs import run_offsets
 from verl_cppack.packing.mask_rows import MaskRows
@@ -67,7 +73,9 @@ def plan_from_lengths(
 ) -> PackPlan:
     """Plan for jagged sequences of the given lengths (``pack`` then takes a jagged nested tensor)."""
     if not isinstance(seqlens, torch.Tensor):
-        if not isinstance(seqlens, Sequence) or not all(isinstance(n, int) and not isinstance(n, bool) for n in seqlens):
+        if not isinstance(seqlens, Sequence) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in seqlens
+        ):
             raise TypeError("seqlens must be a 1-D integer tensor or a sequence of ints")
         if seqlens:  # before they become int64: a Python int may not fit
             _check_longest(max(seqlens))
@@ -118,9 +126,11 @@ def build_plan(
     ctx: ParallelContext,
     layout: Layout,
     alignment: Alignment,
-    seqlens: torch.Tensor | None,  # [n] any integer dtype: tokens of each sequence, in stream order; None: one per mask row
+    seqlens: torch.Tensor
+    | None,  # [n] any integer dtype: tokens of each sequence, in stream order; None: one per mask row
     source_shape: tuple[int, int] | None,  # (B, S) of a padded source; None for a jagged source
-    num_bad_values: torch.Tensor | None,  # [] count of invalid input values, reported after the sync; None: none possible
+    num_bad_values: torch.Tensor
+    | None,  # [] count of invalid input values, reported after the sync; None: none possible
     *,
     mask_rows: MaskRows | None = None,  # the token mask of a padded source whose rows are the sequences
     sequence_start: torch.Tensor | None = None,  # [n] source row of each sequence's first token (documents)

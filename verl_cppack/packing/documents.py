@@ -116,7 +116,9 @@ def segment_documents(
     lengths = torch.zeros_like(document).scatter_add_(0, document, valid.reshape(-1).long())  # [B*S]
     capacity = document.numel()
     starts = torch.zeros(capacity + 1, dtype=torch.long, device=tokens.device)  # one sink slot for non-starts
-    starts.index_copy_(0, torch.where(starts_document, document, capacity), torch.arange(capacity, device=tokens.device))
+    starts.index_copy_(
+        0, torch.where(starts_document, document, capacity), torch.arange(capacity, device=tokens.device)
+    )
     return lengths, starts[:capacity], starts_document.sum()
 
 
@@ -156,8 +158,14 @@ def plan_documents(
 
     lengths, starts, num_documents = segment_documents(tokens, eod_id=eod_id, pad_id=pad_id)  # [B*S], [B*S], []
     return build_plan(
-        ctx, layout_, alignment_, lengths, tuple(tokens.shape), None,
-        sequence_start=starts, num_sequences=num_documents,
+        ctx,
+        layout_,
+        alignment_,
+        lengths,
+        tuple(tokens.shape),
+        None,
+        sequence_start=starts,
+        num_sequences=num_documents,
     )
 
 

@@ -6,8 +6,8 @@ device->host read; the mask is read as 8-byte words where it can (see ``MaskRows
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -105,4 +105,3 @@ def _reversed_rows(flags: np.ndarray) -> np.ndarray:
 def _lane_group(num_words: int) -> int:
     """The most words (a divisor of ``num_words``, at most 127) whose byte-lane sums stay below 128."""
     return max(d for d in range(1, min(num_words, 127) + 1) if num_words % d == 0)
-

@@ -81,8 +81,21 @@ def copy_pieces(
 # dtypes the index kernels (index_copy_, index_fill_) lack are copied as the same-size integer: the bytes move as is.
 _COPY_AS_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _INDEXABLE_DTYPES = frozenset(
-    {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-     torch.float32, torch.float64, torch.complex32, torch.complex64, torch.complex128}
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex32,
+        torch.complex64,
+        torch.complex128,
+    }
 )
 
 

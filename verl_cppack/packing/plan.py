@@ -212,7 +212,9 @@ class PackPlan:
         return x.reshape(self.source_rows, *x.shape[2:])
 
     # ---------------------------------------------------------------- unpack
-    def unpack(self, y_local: torch.Tensor, *, gradient: GradientContract = "local", name: str = "y_local") -> torch.Tensor:
+    def unpack(
+        self, y_local: torch.Tensor, *, gradient: GradientContract = "local", name: str = "y_local"
+    ) -> torch.Tensor:
         """This rank's ``[1, T_local, *]`` output -> the full batch on every CP rank.
 
         Padded-source plans return ``[B, S, *]``, jagged-source plans a jagged nested tensor. Padding is
@@ -232,7 +234,9 @@ class PackPlan:
                 f"order), got {type(local_outputs).__name__}; for this rank's output alone use unpack"
             )
         if len(local_outputs) != self.ctx.cp_size:
-            raise ValueError(f"restore needs one local output per CP rank ({self.ctx.cp_size}), got {len(local_outputs)}")
+            raise ValueError(
+                f"restore needs one local output per CP rank ({self.ctx.cp_size}), got {len(local_outputs)}"
+            )
         outputs = [self._check_local(y, f"local_outputs[{rank}]") for rank, y in enumerate(local_outputs)]
         if len({(y.dtype, y.shape[1:]) for y in outputs}) > 1:
             raise ValueError("every rank's local output must have the same dtype and trailing dimensions")

@@ -90,11 +90,18 @@ def _record(name: str) -> None:
         ray, key = _connected_ray(), _ray_key()
         node = ray.get_runtime_context().get_node_id() if ray is not None else socket.gethostname()
         payload = json.dumps(
-            {"pid": os.getpid(), "host": socket.gethostname(), "node": node,
-             "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"), "working_dir": os.getcwd(),
-             "package_dir": _PACKAGE_DIR, "counts": dict(_COUNTS), "roles": dict(_ROLES)},
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "node": node,
+                "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
+                "working_dir": os.getcwd(),
+                "package_dir": _PACKAGE_DIR,
+                "counts": dict(_COUNTS),
+                "roles": dict(_ROLES),
+            },
             sort_keys=True,
-        )  # fmt: skip
+        )
         if ray is not None and key is not None:
             from ray.experimental import internal_kv
 

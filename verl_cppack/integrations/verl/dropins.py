@@ -55,7 +55,9 @@ def _check_mask(attention_mask: object) -> torch.Tensor:
     return mask
 
 
-def _mask_entry(attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment) -> tuple[PackPlan, SourceSnapshot]:
+def _mask_entry(
+    attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment
+) -> tuple[PackPlan, SourceSnapshot]:
     return _MASK_PLANS.entry(
         attention_mask, (ctx, alignment), lambda: plan_from_mask(attention_mask, ctx, alignment=alignment)
     )
@@ -74,7 +76,9 @@ def _nested_entry(
     nested: torch.Tensor, ctx: ParallelContext, layout: str, alignment: Alignment
 ) -> tuple[PackPlan, SourceSnapshot]:
     return _NESTED_PLANS.entry(
-        nested.offsets(), (ctx, layout, alignment), lambda: plan_from_nested(nested, ctx, layout=layout, alignment=alignment)
+        nested.offsets(),
+        (ctx, layout, alignment),
+        lambda: plan_from_nested(nested, ctx, layout=layout, alignment=alignment),
     )
 
 
@@ -223,7 +227,9 @@ class _Compaction:
         """``[B, S, *]`` -> ``[B, L, *]``: real tokens left-aligned, zeros after."""
         tokens = self.plan.pack(x, name=name)[0]  # [N, *]
         rows = tokens.new_zeros((self.plan.batch_size * self.row_length, *tokens.shape[1:]))
-        return rows.index_copy(0, self.compact_index, tokens).view(self.plan.batch_size, self.row_length, *tokens.shape[1:])
+        return rows.index_copy(0, self.compact_index, tokens).view(
+            self.plan.batch_size, self.row_length, *tokens.shape[1:]
+        )
 
     def from_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """``[B, L, *]`` -> ``[B, S, *]`` (inverse of ``to_rows`` on the real tokens, zeros at padding)."""
@@ -259,7 +265,9 @@ def preprocess_bshd(
         raise ValueError(f"preprocess_bshd needs context parallel size 1 (got {ctx.cp_size}); use the THD path")
     compaction, mask_snapshot = _compaction(mask, ctx.tp_size if sequence_parallel else 1)
     valid = mask != 0
-    new_mask = compaction.to_rows(valid, "attention_mask").to(mask.dtype)  # [B, L], 1 at real tokens (verl: the mask's own values)
+    new_mask = compaction.to_rows(valid, "attention_mask").to(
+        mask.dtype
+    )  # [B, L], 1 at real tokens (verl: the mask's own values)
     _BSHD_MASKS.store(new_mask, "compaction", (mask_snapshot, compaction))
     new_position_ids = compaction.to_rows(position_ids, "position_ids")
     new_input_ids = compaction.to_rows(input_ids, "input_ids") if pre_process else input_ids
@@ -278,9 +286,13 @@ def postprocess_bshd(
         return result
     mask, original = _check_mask(attention_mask), _check_mask(original_attention_mask)
     if original.shape[1] != origin_seqlen:
-        raise ValueError(f"origin_seqlen ({origin_seqlen}) must equal original_attention_mask.shape[1] ({original.shape[1]})")
+        raise ValueError(
+            f"origin_seqlen ({origin_seqlen}) must equal original_attention_mask.shape[1] ({original.shape[1]})"
+        )
     if tuple(result.shape[:2]) != tuple(mask.shape):
-        raise ValueError(f"result.shape[:2] {tuple(result.shape[:2])} must equal attention_mask.shape {tuple(mask.shape)}")
+        raise ValueError(
+            f"result.shape[:2] {tuple(result.shape[:2])} must equal attention_mask.shape {tuple(mask.shape)}"
+        )
     record = _BSHD_MASKS.lookup(mask, "compaction")
     if record is not None and record[0].matches(original):
         return record[1].from_rows(result)
@@ -348,9 +360,7 @@ def _plan_for_nested(packed_seq_params: Any, nested: torch.Tensor, local_cp_size
             engine_thd_alignment(ctx, layout, fp8, None, None, fp8_recipe=recipe)
             for fp8, recipe in ((False, None), (True, None), (True, "mxfp8"))
         ]
-    return _replan(
-        packed_seq_params, [(ctx, a) for a in candidates], lambda c, a: _nested_plan(nested, c, layout, a)
-    )
+    return _replan(packed_seq_params, [(ctx, a) for a in candidates], lambda c, a: _nested_plan(nested, c, layout, a))
 
 
 def postprocess_thd_engine(
@@ -368,7 +378,9 @@ def postprocess_thd_engine(
         return output
     nested = _check_nested("input_ids", input_ids)
     if batch_size != nested.size(0):
-        raise ValueError(f"batch_size ({batch_size}) must equal the number of sequences in input_ids ({nested.size(0)})")
+        raise ValueError(
+            f"batch_size ({batch_size}) must equal the number of sequences in input_ids ({nested.size(0)})"
+        )
     return _plan_for_nested(packed_seq_params, nested, local_cp_size, layout).unpack_nested(output, name="output")
 
 
@@ -428,14 +440,18 @@ def _plan_for_bshd_mask(attention_mask: torch.Tensor) -> PackPlan:
     return plan
 
 
-def postprocess_bshd_engine(output: torch.Tensor, attention_mask: torch.Tensor, post_process: bool = True) -> torch.Tensor:
+def postprocess_bshd_engine(
+    output: torch.Tensor, attention_mask: torch.Tensor, post_process: bool = True
+) -> torch.Tensor:
     """This rank's ``[B, M/CP, *]`` output -> jagged ``[B, j, *]`` of the real tokens on every CP rank."""
     if not post_process:
         return output
     mask = _check_mask(attention_mask)
     output = require_tensor("output", output)
     if tuple(output.shape[:2]) != tuple(mask.shape):
-        raise ValueError(f"output.shape[:2] {tuple(output.shape[:2])} must equal attention_mask.shape {tuple(mask.shape)}")
+        raise ValueError(
+            f"output.shape[:2] {tuple(output.shape[:2])} must equal attention_mask.shape {tuple(mask.shape)}"
+        )
     batch_size, local_rows = mask.shape
     local = output.reshape(1, batch_size * local_rows, *output.shape[2:])
     return _plan_for_bshd_mask(mask).unpack_nested(local, name="output")

@@ -121,7 +121,9 @@ def detect_generation(functions: Mapping[str, VerlFunction]) -> str:
         return "engine"
     if "preprocess_thd_no_padding" in functions:
         signature = functions["preprocess_thd_no_padding"].signature
-        return "no_padding" if signature is not None and "use_fp8_padding" in signature.parameters else "no_padding_pair"
+        return (
+            "no_padding" if signature is not None and "use_fp8_padding" in signature.parameters else "no_padding_pair"
+        )
     if "preprocess_packed_seqs_no_padding" in functions:
         return "packed_no_padding"
     return "legacy"

@@ -67,7 +67,9 @@ def dynamic_cp_context(local_cp_size: int, group: Any) -> ParallelContext:
         return found[1]
     _, rank = group_size_and_rank(group)
     context = ParallelContext(
-        tp_size=parallel_state_module().get_tensor_model_parallel_world_size(), cp_size=local_cp_size, cp_rank=rank,
+        tp_size=parallel_state_module().get_tensor_model_parallel_world_size(),
+        cp_size=local_cp_size,
+        cp_rank=rank,
         cp_group=group,
     )
     context.check_group()
@@ -151,16 +153,18 @@ def engine_thd_alignment(
     if min_local_rows is not None:
         min_stream_length = ctx.cp_size * require_int("min_local_rows", min_local_rows, minimum=0)
     if pad_to_length_bucket is not None:
-        if isinstance(pad_to_length_bucket, bool) or not isinstance(pad_to_length_bucket, int) or pad_to_length_bucket <= 0:
+        if (
+            isinstance(pad_to_length_bucket, bool)
+            or not isinstance(pad_to_length_bucket, int)
+            or pad_to_length_bucket <= 0
+        ):
             raise ValueError(f"pad_to_length_bucket must be a positive integer, got {pad_to_length_bucket!r}")
         stream_multiple = math.lcm(stream_multiple, pad_to_length_bucket, ctx.cp_size)
     stream_multiple = math.lcm(stream_multiple, slot_multiple, ctx.tp_size * ctx.cp_size)
     return Alignment(slot_multiple=slot_multiple, stream_multiple=stream_multiple, min_stream_length=min_stream_length)
 
 
-def engine_bshd_row_length(
-    ctx: ParallelContext, batch_size: int, max_seqlen: int, use_fp8_padding: bool
-) -> int:
+def engine_bshd_row_length(ctx: ParallelContext, batch_size: int, max_seqlen: int, use_fp8_padding: bool) -> int:
     """``preprocess_bshd_engine``'s padded row length ``M`` (global, before the CP cut), verl 0.9.1."""
     align = ctx.tp_size * ctx.cp_size * 2 if ctx.cp_size > 1 else ctx.tp_size
     multiple = align

@@ -50,7 +50,9 @@ def recover_left_padding(
     post_process: bool = True,
 ):
     """verl 0.6's name of ``postprocess_bshd``."""
-    return dropins.postprocess_bshd(result, attention_mask, original_attention_mask, origin_seqlen, post_process=post_process)
+    return dropins.postprocess_bshd(
+        result, attention_mask, original_attention_mask, origin_seqlen, post_process=post_process
+    )
 
 
 # ================================================================ verl 0.7
@@ -82,7 +84,9 @@ def preprocess_thd_no_padding_pair(
     input_ids: torch.Tensor, pre_process: bool = True, need_roll: bool = False
 ) -> tuple[torch.Tensor, Any]:
     """verl 0.7.0's ``preprocess_thd_no_padding``: the pair ``(packed, PackedSeqParams)``."""
-    packed, packed_seq_params, _ = dropins.preprocess_thd_engine(input_ids, pre_process=pre_process, need_roll=need_roll)
+    packed, packed_seq_params, _ = dropins.preprocess_thd_engine(
+        input_ids, pre_process=pre_process, need_roll=need_roll
+    )
     return packed, packed_seq_params
 
 
@@ -102,6 +106,8 @@ def preprocess_bshd_no_padding(
     )
 
 
-def postprocess_bshd_no_padding(output: torch.Tensor, attention_mask: torch.Tensor, post_process: bool = True) -> torch.Tensor:
+def postprocess_bshd_no_padding(
+    output: torch.Tensor, attention_mask: torch.Tensor, post_process: bool = True
+) -> torch.Tensor:
     """verl 0.7's name of ``postprocess_bshd_engine``."""
     return dropins.postprocess_bshd_engine(output, attention_mask, post_process=post_process)

@@ -41,7 +41,11 @@ def describe(signature: inspect.Signature) -> str:
     """``(name, name=default, ...)`` without annotations."""
     parts = []
     for parameter in signature.parameters.values():
-        text = parameter.name if parameter.kind not in _VARIADIC else str(parameter.replace(annotation=inspect.Parameter.empty))
+        text = (
+            parameter.name
+            if parameter.kind not in _VARIADIC
+            else str(parameter.replace(annotation=inspect.Parameter.empty))
+        )
         if parameter.default is _UNKNOWN_DEFAULT:
             text += "=?"
         elif parameter.default is not inspect.Parameter.empty:
@@ -63,7 +67,9 @@ def incompatibility(verl_signature: inspect.Signature, dropin_signature: inspect
     verl_positional = [p.name for p in verl_parameters if p.kind in _POSITIONAL]
     our_positional = [p.name for p in ours.values() if p.kind in _POSITIONAL]
     if our_positional[: len(verl_positional)] != verl_positional:
-        return f"positional parameters differ: verl ({', '.join(verl_positional)}), drop-in ({', '.join(our_positional)})"
+        return (
+            f"positional parameters differ: verl ({', '.join(verl_positional)}), drop-in ({', '.join(our_positional)})"
+        )
     for parameter in verl_parameters:
         mine = ours[parameter.name]
         if parameter.kind in _BY_KEYWORD and mine.kind not in _BY_KEYWORD:
@@ -71,9 +77,10 @@ def incompatibility(verl_signature: inspect.Signature, dropin_signature: inspect
         if parameter.default is not inspect.Parameter.empty and not _same_default(parameter.default, mine.default):
             return f"{parameter.name} defaults to {parameter.default!r} in verl, {mine.default!r} in the drop-in"
     required = [
-        name for name, p in ours.items()
+        name
+        for name, p in ours.items()
         if name not in verl_signature.parameters and p.kind not in _VARIADIC and p.default is inspect.Parameter.empty
-    ]  # fmt: skip
+    ]
     if required:
         return f"the drop-in requires parameters verl's function does not have: {', '.join(required)}"
     return None
@@ -97,7 +104,9 @@ def signature_from_source(node: ast.FunctionDef) -> inspect.Signature:
     parameters = [
         inspect.Parameter(
             argument.arg,
-            inspect.Parameter.POSITIONAL_ONLY if index < len(arguments.posonlyargs) else inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.POSITIONAL_ONLY
+            if index < len(arguments.posonlyargs)
+            else inspect.Parameter.POSITIONAL_OR_KEYWORD,
             default=default(expression),
         )
         for index, (argument, expression) in enumerate(zip(positional, positional_defaults))
@@ -125,7 +134,7 @@ class VerlFunction:
         self.names = names
 
     @classmethod
-    def of(cls, function: Callable) -> "VerlFunction":
+    def of(cls, function: Callable) -> VerlFunction:
         function = inspect.unwrap(function)
         try:
             signature = inspect.signature(function)
@@ -135,7 +144,7 @@ class VerlFunction:
         return cls(signature, frozenset(_code_names(code)) if code is not None else frozenset())
 
     @classmethod
-    def from_source(cls, node: ast.FunctionDef) -> "VerlFunction":
+    def from_source(cls, node: ast.FunctionDef) -> VerlFunction:
         names = set()
         for child in ast.walk(node):
             if isinstance(child, ast.Name):

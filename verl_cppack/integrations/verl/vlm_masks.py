@@ -39,7 +39,9 @@ def _check_pad_token_id(pad_token_id: object, dtype: torch.dtype) -> int | float
         )
     info = torch.iinfo(dtype)
     if not info.min <= pad_token_id <= info.max:
-        raise ValueError(f"pad_token_id={pad_token_id} does not fit the token ids' dtype {dtype} ({info.min}..{info.max})")
+        raise ValueError(
+            f"pad_token_id={pad_token_id} does not fit the token ids' dtype {dtype} ({info.min}..{info.max})"
+        )
     if abs(pad_token_id) > 2**53:  # the padding travels as a double: beyond 2**53 it would land on another id
         raise ValueError(f"pad_token_id={pad_token_id} is beyond 2**53, where padding values lose their exactness")
     return pad_token_id
@@ -100,7 +102,9 @@ def build_vlm_attn_mask_bshd(
     nested = require_jagged("input_ids", input_ids)
     require_int("batch_size", batch_size, minimum=1)
     if batch_size != nested.size(0):
-        raise ValueError(f"batch_size ({batch_size}) must equal the number of sequences in input_ids ({nested.size(0)})")
+        raise ValueError(
+            f"batch_size ({batch_size}) must equal the number of sequences in input_ids ({nested.size(0)})"
+        )
     if forced_max_seqlen is not None:
         require_int("forced_max_seqlen", forced_max_seqlen, minimum=0)
     return _build(nested, pad_token_id, forced_max_seqlen, aligned=True)

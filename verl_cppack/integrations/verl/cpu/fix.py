@@ -86,7 +86,9 @@ def expect_attribute(owner: Any, name: str, fix_name: str) -> Any:
     """``owner.name``, or ``FixTargetChanged`` if it is missing."""
     value = getattr(owner, name, None)
     if value is None:
-        raise FixTargetChanged(f"CPU fix {fix_name!r}: {_label(owner)} has no {name!r} any more; the fix needs updating")
+        raise FixTargetChanged(
+            f"CPU fix {fix_name!r}: {_label(owner)} has no {name!r} any more; the fix needs updating"
+        )
     return value
 
 
@@ -104,7 +106,9 @@ def expect_source(function: Callable[..., Any], snippet: str, fix_name: str) -> 
     try:
         source = inspect.getsource(inspect.unwrap(function))
     except (OSError, TypeError) as error:
-        raise FixTargetChanged(f"CPU fix {fix_name!r}: cannot read the source of {_label(function)}: {error}") from error
+        raise FixTargetChanged(
+            f"CPU fix {fix_name!r}: cannot read the source of {_label(function)}: {error}"
+        ) from error
     if snippet not in source:
         raise FixTargetChanged(
             f"CPU fix {fix_name!r}: {_label(function)} no longer contains {snippet!r}; the fix needs updating"

@@ -53,7 +53,9 @@ def gloo_process_group(module: ModuleType) -> None:
     if _marked(original):
         return
     expect_parameters(original, ("timeout_second", "backend"), "gloo-process-group")
-    expect_source(original, 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"', "gloo-process-group")
+    expect_source(
+        original, 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"', "gloo-process-group"
+    )
 
     @functools.wraps(original)
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
@@ -71,7 +73,7 @@ def float32_engine_config(module: ModuleType) -> None:
     expect_source(original, 'assert self.dtype in ["bfloat16", "float16"]', "float32-engine-config")
 
     @functools.wraps(original)
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: N807 - replaces the dataclass's own
         asked = self.dtype
         if asked not in ("float32", "fp32"):
             return original(self)
@@ -120,8 +122,13 @@ def megatron_engine_on_cpu(module: ModuleType) -> None:
         if not _marked(original):
             expect_parameters(original, parameters, name)
             offload_helpers[helper] = original
-    scoped = ("_build_megatron_module", "_build_optimizer", "optimizer_zero_grad", "optimizer_step",
-              "forward_backward_batch")  # fmt: skip
+    scoped = (
+        "_build_megatron_module",
+        "_build_optimizer",
+        "optimizer_zero_grad",
+        "optimizer_step",
+        "forward_backward_batch",
+    )
     methods = {method: expect_attribute(engine_class, method, name) for method in scoped}
 
     for by_device in by_model_type:
@@ -251,10 +258,14 @@ def hf_rollout_adapter(module: ModuleType) -> None:
     Face server adapter, by name (verl imports it when a worker builds its rollout)."""
     registry = expect_attribute(module, "_ROLLOUT_REGISTRY", "hf-rollout-adapter")
     if not isinstance(registry, dict) or not all(isinstance(key, tuple) and len(key) == 2 for key in registry):
-        raise FixTargetChanged("CPU fix 'hf-rollout-adapter': _ROLLOUT_REGISTRY is no longer a dict keyed by (name, mode)")
+        raise FixTargetChanged(
+            "CPU fix 'hf-rollout-adapter': _ROLLOUT_REGISTRY is no longer a dict keyed by (name, mode)"
+        )
     current = registry.setdefault((HF_ROLLOUT_NAME, "async"), HF_ROLLOUT_ADAPTER)
     if current != HF_ROLLOUT_ADAPTER:
-        raise FixTargetChanged(f"CPU fix 'hf-rollout-adapter': rollout ('hf', 'async') is already registered to {current}")
+        raise FixTargetChanged(
+            f"CPU fix 'hf-rollout-adapter': rollout ('hf', 'async') is already registered to {current}"
+        )
 
 
 def hf_rollout_replica(module: ModuleType) -> None:
@@ -266,24 +277,68 @@ def hf_rollout_replica(module: ModuleType) -> None:
 
 
 FIXES: tuple[Fix, ...] = (
-    Fix("cpu-platform", "no 'cpu' platform in verl's PlatformRegistry", *VERL,
-        "verl.plugin.platform.platform_manager", register_cpu_platform),
-    Fix("gloo-process-group", "worker process group backend 'cpu:gloo,cpu:gloo'", *VERL,
-        "verl.utils.distributed", gloo_process_group),
-    Fix("gloo-process-group-workers", "the same, where the training worker bound it", *VERL,
-        "verl.workers.engine_workers", gloo_process_group),
-    Fix("float32-engine-config", "McoreEngineConfig refuses float32", *VERL,
-        "verl.workers.config.engine", float32_engine_config),
-    Fix("megatron-engine-on-cpu", "engine registry, RNG tracker, offload helpers, CUDA literals", *VERL,
-        "verl.workers.engine.megatron.transformer_impl", megatron_engine_on_cpu),
-    Fix("clip-grads-on-host", "gradient clipping asserts CUDA tensors", *MEGATRON,
-        "megatron.core.optimizer.clip_grads", clip_grads_on_host),
-    Fix("local-layer-spec", "Transformer Engine layer spec", *MBRIDGE,
-        "mbridge.core.llm_bridge", local_layer_spec),
-    Fix("local-layernorm-names", "weight names of TE's fused layernorms", *MBRIDGE,
-        "mbridge.core.bridge", local_layernorm_names),
-    Fix("hf-rollout-adapter", "no CPU rollout in verl's rollout registry", *VERL,
-        "verl.workers.rollout.base", hf_rollout_adapter),
-    Fix("hf-rollout-replica", "no CPU rollout replica in verl's replica registry", *VERL,
-        "verl.workers.rollout.replica", hf_rollout_replica),
-)  # fmt: skip
+    Fix(
+        "cpu-platform",
+        "no 'cpu' platform in verl's PlatformRegistry",
+        *VERL,
+        "verl.plugin.platform.platform_manager",
+        register_cpu_platform,
+    ),
+    Fix(
+        "gloo-process-group",
+        "worker process group backend 'cpu:gloo,cpu:gloo'",
+        *VERL,
+        "verl.utils.distributed",
+        gloo_process_group,
+    ),
+    Fix(
+        "gloo-process-group-workers",
+        "the same, where the training worker bound it",
+        *VERL,
+        "verl.workers.engine_workers",
+        gloo_process_group,
+    ),
+    Fix(
+        "float32-engine-config",
+        "McoreEngineConfig refuses float32",
+        *VERL,
+        "verl.workers.config.engine",
+        float32_engine_config,
+    ),
+    Fix(
+        "megatron-engine-on-cpu",
+        "engine registry, RNG tracker, offload helpers, CUDA literals",
+        *VERL,
+        "verl.workers.engine.megatron.transformer_impl",
+        megatron_engine_on_cpu,
+    ),
+    Fix(
+        "clip-grads-on-host",
+        "gradient clipping asserts CUDA tensors",
+        *MEGATRON,
+        "megatron.core.optimizer.clip_grads",
+        clip_grads_on_host,
+    ),
+    Fix("local-layer-spec", "Transformer Engine layer spec", *MBRIDGE, "mbridge.core.llm_bridge", local_layer_spec),
+    Fix(
+        "local-layernorm-names",
+        "weight names of TE's fused layernorms",
+        *MBRIDGE,
+        "mbridge.core.bridge",
+        local_layernorm_names,
+    ),
+    Fix(
+        "hf-rollout-adapter",
+        "no CPU rollout in verl's rollout registry",
+        *VERL,
+        "verl.workers.rollout.base",
+        hf_rollout_adapter,
+    ),
+    Fix(
+        "hf-rollout-replica",
+        "no CPU rollout replica in verl's replica registry",
+        *VERL,
+        "verl.workers.rollout.replica",
+        hf_rollout_replica,
+    ),
+)

@@ -24,8 +24,10 @@ def interface_holding(address: str) -> str:
 
     interfaces = psutil.net_if_addrs()
     for name, addresses in sorted(interfaces.items()):
-        if any(entry.family in (socket.AF_INET, socket.AF_INET6) and entry.address.split("%")[0] == address
-               for entry in addresses):  # fmt: skip
+        if any(
+            entry.family in (socket.AF_INET, socket.AF_INET6) and entry.address.split("%")[0] == address
+            for entry in addresses
+        ):
             return name
     raise RuntimeError(
         f"no network interface of this host holds its Ray node address {address} (interfaces: {sorted(interfaces)}); "
@@ -36,7 +38,9 @@ def interface_holding(address: str) -> str:
 def bind_gloo_to_ray_node_interface() -> str | None:
     """With ``VERL_CPPACK_GLOO_INTERFACE=ray-node`` and no ``GLOO_SOCKET_IFNAME``: set it to the interface holding
     this node's Ray address. Returns the interface gloo will use (``None``: gloo's own choice)."""
-    if os.environ.get(INTERFACE_REQUEST_ENV, "").strip() == RAY_NODE_INTERFACE and not os.environ.get(GLOO_INTERFACE_ENV):
+    if os.environ.get(INTERFACE_REQUEST_ENV, "").strip() == RAY_NODE_INTERFACE and not os.environ.get(
+        GLOO_INTERFACE_ENV
+    ):
         import ray.util
 
         os.environ[GLOO_INTERFACE_ENV] = interface_holding(ray.util.get_node_ip_address().strip("[]"))

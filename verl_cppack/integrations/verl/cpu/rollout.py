@@ -29,18 +29,17 @@ import os
 from array import array
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
 from verl.utils.config import omega_conf_to_dataclass
-
-from verl_cppack.integrations.verl.cpu.fixes import HF_ROLLOUT_NAME
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
+
+from verl_cppack.integrations.verl.cpu.fixes import HF_ROLLOUT_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +208,7 @@ class HFTokenSampler:
         logits: torch.Tensor,
         settings: SamplingSettings,
         generator: torch.Generator,
-        seen: Optional[torch.Tensor] = None,
+        seen: torch.Tensor | None = None,
     ) -> tuple[int, float]:
         """Choose a token from one position's ``logits`` ([vocab], float32); return it and its log-prob.
 
@@ -273,7 +272,7 @@ class HFTokenSampler:
         return loaded
 
 
-def load_causal_lm(path: str, torch_threads: Optional[int] = None) -> torch.nn.Module:
+def load_causal_lm(path: str, torch_threads: int | None = None) -> torch.nn.Module:
     """``AutoModelForCausalLM.from_pretrained(path)`` in float32 on the CPU, in eval mode."""
     from transformers import AutoModelForCausalLM
 
@@ -341,7 +340,7 @@ class HFRolloutServer:
         model_config: HFModelConfig | Mapping[str, Any],
         rollout_mode: RolloutMode = RolloutMode.HYBRID,
         replica_rank: int = 0,
-        model: Optional[torch.nn.Module] = None,
+        model: torch.nn.Module | None = None,
     ) -> None:
         """``model``: an already built causal LM (tests); by default it is loaded from ``model_config.local_path``."""
         self.config: RolloutConfig = omega_conf_to_dataclass(config)
@@ -364,7 +363,7 @@ class HFRolloutServer:
         if self.max_model_len < 2:
             raise ValueError("rollout.max_model_len is unset and the model config has no max_position_embeddings")
 
-        self.global_steps: Optional[int] = None
+        self.global_steps: int | None = None
         self._occurrences: dict[bytes, int] = {}
         self._decode_lock = asyncio.Lock()
         self._in_flight: set[str] = set()
@@ -420,9 +419,9 @@ class HFRolloutServer:
         request_id: str,
         prompt_ids: Sequence[int],
         sampling_params: Mapping[str, Any],
-        image_data: Optional[list[Any]] = None,
-        video_data: Optional[list[Any]] = None,
-        audio_data: Optional[list[Any]] = None,
+        image_data: list[Any] | None = None,
+        video_data: list[Any] | None = None,
+        audio_data: list[Any] | None = None,
         **kwargs: Any,
     ) -> TokenOutput:
         """Token-in/token-out generation (verl's server protocol): response ids and, when
@@ -476,7 +475,7 @@ class HFRolloutServer:
         async with self._decode_lock:
             return self.sampler.load_weights(named_tensors)
 
-    async def set_global_steps(self, global_steps: Optional[int]) -> None:
+    async def set_global_steps(self, global_steps: int | None) -> None:
         """Record the training step of the weights now loaded (reported in ``TokenOutput.extra_fields``)."""
         self.global_steps = global_steps
 
@@ -513,7 +512,7 @@ class HFRolloutServer:
         while self._in_flight:
             await asyncio.sleep(0.01)
 
-    async def wake_up(self, tags: Optional[list[str]] = None) -> None:
+    async def wake_up(self, tags: list[str] | None = None) -> None:
         """No-op: weights and cache stay in host memory."""
 
     async def sleep(self) -> None:
@@ -582,7 +581,7 @@ class HFServerAdapter(BaseRollout):
         self.replica_rank = rank // replica_world_size if replica_rank == -1 else int(replica_rank)
         self.rollout_rank = rank % replica_world_size
         self.is_leader_rank = self.rollout_rank == 0
-        self.server_handle: Optional[ray.actor.ActorHandle] = None
+        self.server_handle: ray.actor.ActorHandle | None = None
 
     def _server(self) -> ray.actor.ActorHandle:
         if self.server_handle is None:  # the replica launches its server after the workers exist
@@ -600,7 +599,7 @@ class HFServerAdapter(BaseRollout):
         self,
         weights: Iterable[tuple[str, torch.Tensor]] | AsyncIterable[tuple[str, torch.Tensor]],
         wire_format: str = "named_tensors",
-        global_steps: Optional[int] = None,
+        global_steps: int | None = None,
         peft_config: Any = None,
         **kwargs: Any,
     ) -> None:
