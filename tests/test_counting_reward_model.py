@@ -77,12 +77,14 @@ def trained(tmp_path_factory):
     return paths, reward_model.ensure_counting_reward_model(paths, QUICK)
 
 
+@pytest.mark.slow  # trains the reward model (minutes)
 def test_the_reward_models_trunk_scores_responses_the_policys_random_trunk_cannot(trained):
     paths, directory = trained
     assert readout_explained_variance(directory, rng_seed=7) > 0.9
     assert readout_explained_variance(paths.model, rng_seed=7) < 0.5
 
 
+@pytest.mark.slow  # trains the reward model (minutes)
 def test_the_reward_model_is_a_checkpoint_verl_can_start_a_critic_from(trained):
     import json
 
@@ -96,12 +98,14 @@ def test_the_reward_model_is_a_checkpoint_verl_can_start_a_critic_from(trained):
     assert quality["held_out_explained_variance"] > 0.9
 
 
+@pytest.mark.slow  # trains the reward model (minutes)
 def test_a_made_reward_model_is_reused_not_retrained(trained, monkeypatch):
     paths, directory = trained
     monkeypatch.setattr(reward_model, "train_reward_model", lambda *args: pytest.fail("retrained"))
     assert reward_model.ensure_counting_reward_model(paths, QUICK) == directory
 
 
+@pytest.mark.slow  # trains the reward model (minutes)
 def test_a_failed_training_leaves_nothing_a_later_run_would_trust(trained, monkeypatch):
     paths, _ = trained
     other = reward_model.RewardModelTraining(updates=1, seed=1)

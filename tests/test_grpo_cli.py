@@ -146,6 +146,7 @@ def _alive(process) -> bool:
         return False
 
 
+@pytest.mark.slow  # starts verl's trainer and its Ray cluster
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGKILL], ids=["ctrl_c", "killed_outright"])
 def test_ctrl_c_or_a_kill_stops_the_trainer_and_its_ray_cluster(tmp_path, stop):
     """Once verl's trainer has started its Ray cluster: Ctrl-C exits 130, and after it — or after the command is

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("verl")
 pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # verl's trainer, minutes per run
 
 SUMMARY_FIELDS = {
     "trainer",

@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("verl")
 pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # verl's trainer, minutes per run
 
 CRITIC_METRICS = {"critic/vf_loss", "critic/vf_explained_var", "critic/values/mean", "critic/returns/mean"}
 

@@ -23,6 +23,7 @@ import torch
 pytest.importorskip("megatron.core")
 pytest.importorskip("verl")
 pytest.importorskip("mbridge")
+pytestmark = pytest.mark.slow  # 9 gloo processes building verl's engine, minutes
 
 from tests.distributed import run_gloo  # noqa: E402
 from tests.verl_engine_cases import TINY  # noqa: E402
