@@ -83,8 +83,8 @@ def _worker(rank: int, world_size: int, store_path: str, args: argparse.Namespac
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo talks over loopback only
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
     try:
-        from verl_cppack.integrations.megatron_model import build_tiny_gpt, init_megatron_parallel
         from verl_cppack.packing.builders import plan_from_mask
+        from verl_cppack.runtime.tiny_gpt import build_tiny_gpt, init_megatron_parallel
 
         ctx = init_megatron_parallel(cp_size=world_size)
         input_ids, mask = make_batch(args.batch_size, args.seq_len)

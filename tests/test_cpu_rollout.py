@@ -1,4 +1,4 @@
-"""The Hugging Face rollout backend for verl 0.9.x on the host (``verl_cppack.integrations.verl.cpu.rollout``).
+"""The Hugging Face rollout backend for verl 0.9.x on the host (``verl_cppack.runtime.rollout``).
 
 A tiny random Llama stands in for a model (nothing can be downloaded). The server is exercised directly (its
 logic is a plain class) and, once, as the Ray actor ``HFReplica`` launches, with weights pushed by
@@ -17,8 +17,8 @@ pytest.importorskip("verl")
 
 from verl.workers.config import HFModelConfig, RolloutConfig  # noqa: E402
 
-from verl_cppack.integrations.verl.cpu import FixTargetChanged, fixes  # noqa: E402
-from verl_cppack.integrations.verl.cpu.rollout import (  # noqa: E402
+from verl_cppack.runtime import FixTargetChanged, fixes  # noqa: E402
+from verl_cppack.runtime.rollout import (  # noqa: E402
     HFReplica,
     HFRolloutServer,
     HFServerAdapter,

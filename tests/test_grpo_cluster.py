@@ -81,7 +81,7 @@ def check_log_probs_match_every_step(records: list[dict], steps: int) -> None:
 
 
 def test_three_grpo_steps_across_two_nodes(two_nodes, tmp_path):
-    from verl_cppack.integrations.verl.cpu.gloo_interface import interface_holding
+    from verl_cppack.runtime.gloo_interface import interface_holding
 
     result = grpo(tmp_path / "out", "--steps", "3", "--cp", "2", "--nnodes", "2", "--address", two_nodes.address)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -1,8 +1,16 @@
-"""The package's dependencies point one way, and no module imports itself back round a cycle.
+"""The package is two wings and what stands on them, and its folders say which is which.
 
-Every module of ``verl_cppack`` is parsed with ``ast`` (nothing is imported). Each belongs to a layer; a module
-may import its own layer and the layers below, never a layer above, not even inside a function or under
-``TYPE_CHECKING``. Runtime imports (``TYPE_CHECKING`` blocks excluded) form no cycle between modules.
+- **the library** (what a GPU user installs and imports): ``context.py`` and ``core/`` (index math) ->
+  ``collectives/`` -> ``packing/``, ``attention/``, ``loss/`` (siblings: none imports another) ->
+  ``integrations/`` and ``logprobs.py`` (Megatron and verl) -> the package's public API (``verl_cppack/__init__``);
+- **the CPU runtime** for verl's trainer, ``runtime/`` (platform, fixes, rollout, host-device scope, tiny GPT, engine
+  without Ray): it uses only the library's public modules (``PUBLIC_LIBRARY``);
+- **on top**: ``verl_plugin.py`` (verl's ``external_lib``: the library's patch, and the runtime when asked),
+  ``jobs/``, ``bench/``, ``cli/``.
+
+Every module is parsed with ``ast`` (nothing is imported). A module may import its own group and the groups below,
+never a group above nor a sibling, not even inside a function or under ``TYPE_CHECKING``; the library imports
+nothing of the runtime or of what stands on it. Runtime imports (``TYPE_CHECKING`` blocks excluded) form no cycle.
 """
 
 from __future__ import annotations
@@ -14,16 +22,29 @@ import pytest
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "verl_cppack"
 
-# Lowest first. The all-gather (collectives) only knows the context; the packing plan all-gathers in ``unpack``.
-LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("core", ("verl_cppack.context", "verl_cppack.core")),
-    ("collectives", ("verl_cppack.collectives",)),
-    ("packing", ("verl_cppack.packing", "verl_cppack.attention", "verl_cppack.loss")),
-    ("integrations", ("verl_cppack.integrations", "verl_cppack.logprobs", "verl_cppack.verl_plugin")),
-    (
-        "jobs/CLI",
-        ("verl_cppack.jobs", "verl_cppack.cli", "verl_cppack.bench", "verl_cppack"),
-    ),  # the package: the public API
+# (group, wing, level, module prefixes): a module may import groups of a lower level, and its own group.
+GROUPS: tuple[tuple[str, str, int, tuple[str, ...]], ...] = (
+    ("core", "library", 0, ("verl_cppack.context", "verl_cppack.core")),
+    ("collectives", "library", 1, ("verl_cppack.collectives",)),
+    ("packing", "library", 2, ("verl_cppack.packing",)),
+    ("attention", "library", 2, ("verl_cppack.attention",)),
+    ("loss", "library", 2, ("verl_cppack.loss",)),
+    ("integrations", "library", 3, ("verl_cppack.integrations", "verl_cppack.logprobs")),
+    ("public API", "library", 4, ("verl_cppack",)),
+    ("runtime", "runtime", 5, ("verl_cppack.runtime",)),
+    ("plugin", "top", 6, ("verl_cppack.verl_plugin",)),
+    ("jobs", "top", 7, ("verl_cppack.jobs",)),
+    ("bench", "top", 8, ("verl_cppack.bench",)),
+    ("cli", "top", 9, ("verl_cppack.cli",)),
+)
+# What the runtime (and anyone outside the library) may import of it.
+PUBLIC_LIBRARY = (
+    "verl_cppack",
+    "verl_cppack.attention",
+    "verl_cppack.attention.core_attention",
+    "verl_cppack.integrations",
+    "verl_cppack.integrations.megatron",
+    "verl_cppack.integrations.verl",
 )
 
 
@@ -35,15 +56,15 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(path): path for path in sorted(PACKAGE_ROOT.rglob("*.py"))}
 
 
-def layer_of(module: str) -> int:
-    """Index in ``LAYERS`` of the longest prefix naming ``module``."""
+def group_of(module: str) -> tuple[str, str, int, tuple[str, ...]]:
+    """The group whose longest prefix names ``module``."""
     matches = [
-        (len(prefix), index)
-        for index, (_, prefixes) in enumerate(LAYERS)
-        for prefix in prefixes
+        (len(prefix), group)
+        for group in GROUPS
+        for prefix in group[3]
         if module == prefix or module.startswith(prefix + ".")
     ]
-    assert matches, f"{module} belongs to no layer: add it to LAYERS"
+    assert matches, f"{module} belongs to no group: add it to GROUPS"
     return max(matches)[1]
 
 
@@ -88,33 +109,50 @@ def imports_of(module: str) -> list[tuple[str, int, bool]]:
     return [(name, line, tc) for name, line, tc in found if name == "verl_cppack" or name.startswith("verl_cppack.")]
 
 
-def test_every_module_is_in_a_layer():
+def test_every_module_is_in_a_group_and_every_folder_is_one():
     assert len(MODULES) > 50
     for module in MODULES:
-        layer_of(module)
+        group_of(module)
+    folders = {path.parent.name for path in PACKAGE_ROOT.glob("*/__init__.py")}
+    named = {prefix.split(".")[1] for group in GROUPS for prefix in group[3] if prefix.count(".") == 1}
+    assert folders <= named, f"folders without a group: {sorted(folders - named)}"
 
 
-def test_imports_point_down_the_layers():
-    """core -> collectives -> packing -> integrations -> jobs/CLI: nothing imports a layer above its own,
-    lazily inside a function or for type checking included."""
-    upward = {
-        f"{MODULES[module].relative_to(PACKAGE_ROOT.parent)}:{line} ({LAYERS[layer_of(module)][0]}) imports "
-        f"{imported} ({LAYERS[layer_of(imported)][0]})"
+def _where(module: str, line: int) -> str:
+    return f"{MODULES[module].relative_to(PACKAGE_ROOT.parent)}:{line} ({group_of(module)[0]})"
+
+
+def test_imports_point_down_and_siblings_stay_apart():
+    """Nothing imports a group of its own level or above but its own group, lazily or for type checking included."""
+    wrong = {
+        f"{_where(module, line)} imports {imported} ({group_of(imported)[0]})"
         for module in MODULES
         for imported, line, _ in imports_of(module)
-        if layer_of(imported) > layer_of(module)
+        if group_of(imported) != group_of(module) and group_of(imported)[2] >= group_of(module)[2]
     }
-    assert not upward, "imports against the layer order:\n" + "\n".join(sorted(upward))
+    assert not wrong, "imports against the order:\n" + "\n".join(sorted(wrong))
 
 
-@pytest.mark.parametrize("layer", ["core", "collectives", "packing"])
-def test_lower_layers_never_name_integrations_jobs_or_cli(layer):
-    """The rule the layer order implies, spelt out for the layers the brief names (context.py is in core)."""
-    index = [name for name, _ in LAYERS].index(layer)
-    forbidden = ("verl_cppack.integrations", "verl_cppack.jobs", "verl_cppack.cli")
-    for module in (m for m in MODULES if layer_of(m) == index):
-        for imported, line, _ in imports_of(module):
-            assert not imported.startswith(forbidden), f"{module}:{line} imports {imported}"
+def test_the_library_imports_nothing_of_the_runtime_or_what_stands_on_it():
+    wrong = {
+        f"{_where(module, line)} imports {imported}"
+        for module in MODULES
+        if group_of(module)[1] == "library"
+        for imported, line, _ in imports_of(module)
+        if group_of(imported)[1] != "library"
+    }
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_runtime_uses_only_the_librarys_public_modules():
+    wrong = {
+        f"{_where(module, line)} imports {imported}"
+        for module in MODULES
+        if group_of(module)[1] == "runtime"
+        for imported, line, _ in imports_of(module)
+        if group_of(imported)[1] == "library" and imported not in PUBLIC_LIBRARY
+    }
+    assert not wrong, "the runtime reaches into the library:\n" + "\n".join(sorted(wrong))
 
 
 def test_no_import_cycles():

@@ -115,7 +115,7 @@ def test_compute_logprobs_rejects_bad_arguments():
 
 # --------------------------------------------------------------------------------------- tiny Megatron GPT
 def tiny_gpt_pass(cp_size, attention, query_groups):
-    from verl_cppack.integrations.megatron_model import build_tiny_gpt, init_megatron_parallel
+    from verl_cppack.runtime.tiny_gpt import build_tiny_gpt, init_megatron_parallel
 
     ctx = init_megatron_parallel(cp_size=cp_size)
     model = build_tiny_gpt(vocab_size=VOCAB, num_query_groups=query_groups, attention=attention, seed=3)
@@ -160,8 +160,8 @@ def packed_equals_padded_rank(rank, world_size):
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
     from verl_cppack.integrations.megatron import packed_seq_params
-    from verl_cppack.integrations.megatron_model import build_tiny_gpt, init_megatron_parallel
     from verl_cppack.packing.builders import plan_from_mask
+    from verl_cppack.runtime.tiny_gpt import build_tiny_gpt, init_megatron_parallel
 
     ctx = init_megatron_parallel()
     model = build_tiny_gpt(vocab_size=VOCAB, num_query_groups=2)
@@ -192,7 +192,7 @@ def test_packed_thd_forward_equals_each_row_run_alone():
 
 
 def test_cpu_rng_tracker_forks_its_own_stream_and_restores_the_caller_state():
-    from verl_cppack.integrations.megatron_model import CpuRNGStatesTracker
+    from verl_cppack.runtime.tiny_gpt import CpuRNGStatesTracker
 
     tracker = CpuRNGStatesTracker()
     tracker.add("model-parallel-rng", 1234)
@@ -210,7 +210,7 @@ def test_cpu_rng_tracker_forks_its_own_stream_and_restores_the_caller_state():
 
 
 def test_init_megatron_parallel_needs_torch_distributed():
-    from verl_cppack.integrations.megatron_model import init_megatron_parallel
+    from verl_cppack.runtime.tiny_gpt import init_megatron_parallel
 
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")

@@ -143,7 +143,7 @@ def test_the_runtime_environment_ships_the_task_directory_and_the_package(tmp_pa
 
 def test_the_interface_holding_an_address_is_found_on_this_host():
     psutil = pytest.importorskip("psutil")
-    from verl_cppack.integrations.verl.cpu.gloo_interface import interface_holding
+    from verl_cppack.runtime.gloo_interface import interface_holding
 
     for name, addresses in psutil.net_if_addrs().items():
         for entry in addresses:

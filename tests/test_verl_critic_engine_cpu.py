@@ -1,7 +1,7 @@
 """verl's Megatron critic engine on the host, without Ray: values and one value-loss step, CP=2 == CP=1.
 
 The engine is verl's ``MegatronEngineWithValueHead``, built as the trainer's critic ``TrainingWorkerConfig``
-asks (``model_type="value_model"``, ``EngineRegistry.new``) by ``verl_cppack.jobs.megatron_engine``, in real
+asks (``model_type="value_model"``, ``EngineRegistry.new``) by ``verl_cppack.runtime.megatron_engine``, in real
 gloo processes with ``VERL_PLATFORM=cpu`` set before verl is imported and ``verl_cppack.verl_plugin`` imported.
 Values go the trainer's ``_compute_values`` path: ``left_right_2_no_padding`` -> ``infer_batch`` (``compute_loss``
 off) -> ``values`` -> ``no_padding_2_padding`` -> ``float()``. verl defines the value of response token t as the
@@ -60,7 +60,7 @@ def run_critic(rank: int, world_size: int, model_path: str, context_parallel_siz
     from verl.workers.utils.losses import value_loss
 
     import verl_cppack.verl_plugin  # noqa: F401  verl_cppack's drop-ins + the CPU fixes
-    from verl_cppack.jobs.megatron_engine import (
+    from verl_cppack.runtime.megatron_engine import (
         EngineSettings,
         build_megatron_engine,
         engine_batch,
@@ -204,7 +204,7 @@ def test_one_train_batch_step_with_value_loss(runs):
 def test_engine_settings_accept_only_verls_model_types():
     """``EngineSettings.model_type`` is verl's registry key: ``language_model`` by default, ``value_model`` for the
     critic; anything else is refused before verl is touched."""
-    from verl_cppack.jobs.megatron_engine import EngineSettings
+    from verl_cppack.runtime.megatron_engine import EngineSettings
 
     assert EngineSettings("model").model_type == "language_model"
     assert EngineSettings("model", model_type="value_model").model_type == "value_model"

@@ -9,7 +9,7 @@ The engine initialises Megatron's parallel state itself (``MegatronEngine._init_
 The batch is what verl's trainer sends to ``compute_log_prob`` / ``update_actor``: left-padded prompts,
 right-padded responses of varying lengths (one of a single token), converted by verl's
 ``left_right_2_no_padding``. Log-probs come back through verl's ``no_padding_2_padding``. Engine, batch and
-log-prob pass are ``verl_cppack.jobs.megatron_engine``'s (what ``verl-cppack ref-logprobs`` runs).
+log-prob pass are ``verl_cppack.runtime.megatron_engine``'s (what ``verl-cppack ref-logprobs`` runs).
 
 Specified:
 - the engine's log-probs at CP=2 equal those at CP=1, and both equal ``log_softmax`` of the Hugging Face
@@ -73,8 +73,8 @@ def run_engine(rank: int, world_size: int, model_path: str, context_parallel_siz
     from verl.workers.utils.losses import ppo_loss
 
     import verl_cppack.verl_plugin as plugin  # verl_cppack's drop-ins + the CPU fixes
-    from verl_cppack.integrations.verl import cpu
-    from verl_cppack.jobs.megatron_engine import (
+    from verl_cppack import runtime
+    from verl_cppack.runtime.megatron_engine import (
         EngineSettings,
         build_megatron_engine,
         engine_batch,
@@ -133,7 +133,7 @@ def run_engine(rank: int, world_size: int, model_path: str, context_parallel_siz
     return {
         "cp_world_size": mpu.get_context_parallel_world_size(),
         "plugin": (plugin.INSTALLED, plugin.CPU_SUPPORT),
-        "fixes": {status.fix.name: status.state for status in cpu.report()},
+        "fixes": {status.fix.name: status.state for status in runtime.report()},
         "core_attention": f"{type(attention).__module__}.{type(attention).__name__}",
         "log_probs": log_probs,
         "loss": result["loss"] if outputs else None,

@@ -61,7 +61,7 @@ def run_shape(rank: int, world_size: int, model_path: str, tp: int, cp: int, cou
     from verl.workers.utils.losses import ppo_loss
 
     import verl_cppack.verl_plugin  # noqa: F401 - the drop-ins and the CPU fixes
-    from verl_cppack.jobs.megatron_engine import (
+    from verl_cppack.runtime.megatron_engine import (
         EngineSettings,
         build_megatron_engine,
         engine_batch,

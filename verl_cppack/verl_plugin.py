@@ -8,13 +8,13 @@ Use it as verl's external library, so every worker imports it::
 It imports nothing of verl or megatron (the environment variable runs it while ``verl/__init__`` is still
 importing); verl's util module is patched when it loads. ``VERL_CPPACK_DISABLE=1`` leaves verl's util
 functions untouched. With ``VERL_PLATFORM=cpu`` it also arms the CPU support for verl's trainer
-(``verl_cppack.integrations.verl.cpu``), which is never armed otherwise.
+(``verl_cppack.runtime``), which is never armed otherwise.
 """
 
-from verl_cppack.integrations.verl import cpu
+from verl_cppack import runtime
 from verl_cppack.integrations.verl.patching import install, status, uninstall
 
 INSTALLED = install()
-CPU_SUPPORT = cpu.activate_if_requested()
+CPU_SUPPORT = runtime.activate_if_requested()
 
 __all__ = ["CPU_SUPPORT", "INSTALLED", "install", "status", "uninstall"]

@@ -87,16 +87,16 @@ def cpu_fix_report(verify: bool) -> list[dict[str, Any]]:
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
-    from verl_cppack.integrations.verl import cpu
-    from verl_cppack.integrations.verl.cpu.fix import installed_version
-    from verl_cppack.integrations.verl.cpu.fixes import FIXES
+    from verl_cppack import runtime
+    from verl_cppack.runtime.fix import installed_version
+    from verl_cppack.runtime.fixes import FIXES
 
     if verify:
-        cpu.activate()
+        runtime.activate()
         for fix in FIXES:
             with contextlib.suppress(Exception):  # a refused fix or a missing package shows up in its state
                 importlib.import_module(fix.module)
-    states = {status.fix.name: status for status in cpu.report()}
+    states = {status.fix.name: status for status in runtime.report()}
     rows = []
     for fix in FIXES:
         installed = installed_version(fix.distribution)

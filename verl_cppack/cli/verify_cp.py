@@ -117,7 +117,7 @@ def per_token_verl(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, ctx:
 
 # ------------------------------------------------------------------------------------------ worker
 def _run_once(args: argparse.Namespace, cp_size: int, use_verl: bool) -> tuple[torch.Tensor, torch.Tensor, dict, Any]:
-    from verl_cppack.integrations.megatron_model import build_tiny_gpt, init_megatron_parallel
+    from verl_cppack.runtime.tiny_gpt import build_tiny_gpt, init_megatron_parallel
 
     ctx = init_megatron_parallel(tp_size=args.tp, cp_size=cp_size, seed=args.seed)
     model = build_tiny_gpt(

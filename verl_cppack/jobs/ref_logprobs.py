@@ -5,7 +5,7 @@ Input rows hold ``prompt_ids`` and ``response_ids`` (lists of token ids) in a ``
 (:func:`prepare`) before any worker starts. :func:`run` then spawns ``cp`` gloo processes on 127.0.0.1; each
 sets ``VERL_PLATFORM=cpu`` before importing verl, imports ``verl_cppack.verl_plugin``, builds verl's
 forward-only (reference) Megatron engine on the checkpoint and computes the response log-probs the way verl's
-reference worker does (``verl_cppack.jobs.megatron_engine.response_log_probs``). Rank 0 writes
+reference worker does (``verl_cppack.runtime.megatron_engine.response_log_probs``). Rank 0 writes
 ``ref_logprobs.jsonl`` (one line per input row) and ``summary.json``.
 
 Failures: :class:`BadInput` (``ValueError``) before anything starts; :class:`WorkerFailed` when a worker
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from verl_cppack.jobs.megatron_engine import Pair, check_pairs
 from verl_cppack.jobs.output import fresh_output_dir
+from verl_cppack.runtime.megatron_engine import Pair, check_pairs
 
 RESULTS_FILE, SUMMARY_FILE = "ref_logprobs.jsonl", "summary.json"
 SYNTHETIC_MAX_PROMPT, SYNTHETIC_MAX_RESPONSE = 6, 6  # the counting task's prompt and response lengths
@@ -262,7 +262,7 @@ def _worker(
 
 def _score(rank: int, request: RefLogprobsRequest, started: float) -> None:
     import verl_cppack.verl_plugin  # noqa: F401  verl_cppack's drop-ins + the CPU fixes
-    from verl_cppack.jobs.megatron_engine import (
+    from verl_cppack.runtime.megatron_engine import (
         EngineSettings,
         build_megatron_engine,
         response_log_probs,

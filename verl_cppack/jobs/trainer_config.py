@@ -17,23 +17,11 @@ from pathlib import Path
 
 from verl_cppack.jobs.counting_task import RESPONSE_LENGTH, CountingPaths
 from verl_cppack.jobs.parallel_shape import ParallelShape
+from verl_cppack.runtime.megatron_engine import HOST_TRANSFORMER_CONFIG
 
 CONFIG_NAME = "ppo_megatron_trainer"
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 PLUGIN = "verl_cppack.verl_plugin"
-
-# The fusions and kernels Megatron would take from Transformer Engine / apex / CUDA are off on the host.
-HOST_TRANSFORMER_CONFIG = {
-    "use_cpu_initialization": True,
-    "masked_softmax_fusion": False,
-    "bias_activation_fusion": False,
-    "bias_dropout_fusion": False,
-    "apply_rope_fusion": False,
-    "gradient_accumulation_fusion": False,
-    "persist_layer_norm": False,
-    "attention_backend": "auto",
-    "sequence_parallel": False,  # Megatron's local (torch) norms refuse it; TP still splits every layer
-}
 
 
 @dataclass(frozen=True)

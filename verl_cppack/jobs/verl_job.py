@@ -135,9 +135,9 @@ def check_composed(config: Any, task_dir: Path) -> None:
     of ``task_dir``, every worker's working directory), a model TP cannot split, an inconsistent config."""
     from hydra.errors import InstantiationException
 
-    from verl_cppack.integrations.verl import cpu
+    from verl_cppack import runtime
 
-    cpu.activate()  # this process validates a CPU run: verl's config classes must see what the workers will
+    runtime.activate()  # this process validates a CPU run: verl's config classes must see what the workers will
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 

@@ -23,13 +23,13 @@ from typing import Any
 
 import verl_cppack
 from verl_cppack.integrations.verl.call_counts import COUNT_DIR_ENV, COUNT_RAY_KEY_ENV
-from verl_cppack.integrations.verl.cpu import PLATFORM_ENV
-from verl_cppack.integrations.verl.cpu.gloo_interface import (
+from verl_cppack.jobs.trainer_config import PLUGIN
+from verl_cppack.runtime import PLATFORM_ENV
+from verl_cppack.runtime.gloo_interface import (
     GLOO_INTERFACE_ENV,
     INTERFACE_REQUEST_ENV,
     RAY_NODE_INTERFACE,
 )
-from verl_cppack.jobs.trainer_config import PLUGIN
 
 FILE_LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"

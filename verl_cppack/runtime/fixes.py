@@ -13,14 +13,14 @@ from typing import Any
 
 import torch
 
-from verl_cppack.integrations.verl.cpu.fix import (
+from verl_cppack.runtime.fix import (
     Fix,
     FixTargetChanged,
     expect_attribute,
     expect_parameters,
     expect_source,
 )
-from verl_cppack.integrations.verl.cpu.host_device import in_host_device_scope
+from verl_cppack.runtime.host_device import in_host_device_scope
 
 VERL = ("verl", ">=0.9.1,<0.10")
 MEGATRON = ("megatron-core", ">=0.16.1,<0.17")
@@ -39,7 +39,7 @@ def _mark(function: Any) -> Any:
 # ------------------------------------------------------------------------------------------------ verl
 def register_cpu_platform(module: ModuleType) -> None:
     """Row 1: verl ships no 'cpu' platform; register ours so that ``VERL_PLATFORM=cpu`` resolves to the host."""
-    from verl_cppack.integrations.verl.cpu.platform import PLATFORM_NAME, cpu_platform_class
+    from verl_cppack.runtime.platform import PLATFORM_NAME, cpu_platform_class
 
     registry = expect_attribute(module, "PlatformRegistry", "cpu-platform")
     expect_parameters(registry.register, ("platform",), "cpu-platform")
@@ -141,7 +141,7 @@ def megatron_engine_on_cpu(module: ModuleType) -> None:
 
             import numpy
 
-            from verl_cppack.integrations.megatron_model import install_cpu_rng_tracker
+            from verl_cppack.runtime.tiny_gpt import install_cpu_rng_tracker
 
             torch.manual_seed(seed)  # what verl's function seeds, less the CUDA tracker
             numpy.random.seed(seed)
@@ -242,7 +242,7 @@ def local_layernorm_names(module: ModuleType) -> None:
 
 
 HF_ROLLOUT_NAME = "hf"
-HF_ROLLOUT_MODULE = "verl_cppack.integrations.verl.cpu.rollout"
+HF_ROLLOUT_MODULE = "verl_cppack.runtime.rollout"
 HF_ROLLOUT_ADAPTER = f"{HF_ROLLOUT_MODULE}.HFServerAdapter"
 
 

@@ -25,10 +25,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from verl_cppack.jobs.trainer_config import HOST_TRANSFORMER_CONFIG
-
 if TYPE_CHECKING:  # verl is imported only where it runs
     from tensordict import TensorDict
+
+# The fusions and kernels Megatron would take from Transformer Engine / apex / CUDA are off on the host.
+HOST_TRANSFORMER_CONFIG = {
+    "use_cpu_initialization": True,
+    "masked_softmax_fusion": False,
+    "bias_activation_fusion": False,
+    "bias_dropout_fusion": False,
+    "apply_rope_fusion": False,
+    "gradient_accumulation_fusion": False,
+    "persist_layer_norm": False,
+    "attention_backend": "auto",
+    "sequence_parallel": False,  # Megatron's local (torch) norms refuse it; TP still splits every layer
+}
 
 Pair = tuple[list[int], list[int]]  # (prompt token ids, response token ids)
 MODEL_TYPES = ("language_model", "value_model")  # verl's EngineRegistry keys: actor/reference, critic

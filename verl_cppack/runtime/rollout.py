@@ -39,7 +39,7 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
 
-from verl_cppack.integrations.verl.cpu.fixes import HF_ROLLOUT_NAME
+from verl_cppack.runtime.fixes import HF_ROLLOUT_NAME
 
 logger = logging.getLogger(__name__)
 

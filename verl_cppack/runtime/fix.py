@@ -19,7 +19,7 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from verl_cppack.integrations.import_hooks import after_import
+from verl_cppack.integrations import after_import
 
 
 class FixTargetChanged(RuntimeError):
@@ -78,7 +78,7 @@ def require_version(distribution: str, versions: str, fix_name: str) -> None:
     if installed is None or Version(installed) not in SpecifierSet(versions):
         raise FixTargetChanged(
             f"verl_cppack CPU fix {fix_name!r} was written for {distribution} {versions}, but {installed or 'none'} "
-            f"is installed; install {distribution} {versions} or update the fix (verl_cppack/integrations/verl/cpu/)"
+            f"is installed; install {distribution} {versions} or update the fix (verl_cppack/runtime/)"
         )
 
 

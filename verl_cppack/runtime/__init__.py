@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from verl_cppack.integrations.verl.cpu.fix import Fix, FixSet, FixStatus, FixTargetChanged
+from verl_cppack.runtime.fix import Fix, FixSet, FixStatus, FixTargetChanged
 
 PLATFORM_ENV = "VERL_PLATFORM"
 _FIX_SET = FixSet()
@@ -25,7 +25,7 @@ def cpu_requested() -> bool:
 
 def activate() -> list[FixStatus]:
     """Arm every CPU fix in this process (idempotent); returns their statuses."""
-    from verl_cppack.integrations.verl.cpu.fixes import FIXES
+    from verl_cppack.runtime.fixes import FIXES
 
     for fix in FIXES:
         _FIX_SET.arm(fix)
@@ -36,7 +36,7 @@ def activate_if_requested() -> bool:
     """``activate()`` when ``VERL_PLATFORM=cpu``; never in a GPU run. Returns whether it activated."""
     if not cpu_requested():
         return False
-    from verl_cppack.integrations.verl.cpu.gloo_interface import bind_gloo_to_ray_node_interface
+    from verl_cppack.runtime.gloo_interface import bind_gloo_to_ray_node_interface
 
     bind_gloo_to_ray_node_interface()  # before any process group is made
     activate()
