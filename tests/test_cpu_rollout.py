@@ -1,4 +1,5 @@
-"""The Hugging Face rollout backend for verl 0.9.x on the host (``verl_cppack.runtime.rollout``).
+"""The Hugging Face rollout backend for verl 0.9.x on the host (``verl_cppack.runtime.rollout``): its server and
+verl's side (the sampler alone: ``test_rollout_sampling.py``).
 
 A tiny random Llama stands in for a model (nothing can be downloaded). The server is exercised directly (its
 logic is a plain class) and, once, as the Ray actor ``HFReplica`` launches, with weights pushed by
@@ -18,14 +19,9 @@ pytest.importorskip("verl")
 from verl.workers.config import HFModelConfig, RolloutConfig  # noqa: E402
 
 from verl_cppack.runtime import FixTargetChanged, fixes  # noqa: E402
-from verl_cppack.runtime.rollout import (  # noqa: E402
-    HFReplica,
-    HFRolloutServer,
-    HFServerAdapter,
-    HFTokenSampler,
-    SamplingSettings,
-    eos_token_ids_of,
-)
+from verl_cppack.runtime.rollout.sampling import HFTokenSampler, SamplingSettings  # noqa: E402
+from verl_cppack.runtime.rollout.server import HFRolloutServer, eos_token_ids_of  # noqa: E402
+from verl_cppack.runtime.rollout.verl_adapter import HFReplica, HFServerAdapter  # noqa: E402
 
 AGENT_LOOP_PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 """What verl 0.9.1's agent loop sends (``AgentLoopWorker.generate_sequences``) with calculate_log_probs=True."""
@@ -113,24 +109,6 @@ def test_raw_log_probs_mode_ignores_temperature_and_no_logprobs_returns_none(mod
     expected = _forward_log_probs(server.sampler.model, PROMPT, output.token_ids, 1.0)
     torch.testing.assert_close(torch.tensor(output.log_probs), expected, rtol=0, atol=1e-5)
     assert _generate(server, logprobs=False).log_probs is None
-
-
-def test_top_k_and_top_p_keep_the_likeliest_tokens_and_renormalise():
-    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()  # [vocab=4]
-    generator = torch.Generator().manual_seed(0)
-    nucleus = SamplingSettings(max_tokens=1, top_p=0.7)  # keeps {0, 1}: 0.5 < 0.7 <= 0.5 + 0.3
-    draws = [HFTokenSampler.next_token(logits, nucleus, generator) for _ in range(200)]
-    assert {token for token, _ in draws} == {0, 1}
-    for token, log_prob in draws:
-        assert log_prob == pytest.approx(torch.tensor([0.5, 0.3])[token].div(0.8).log().item(), abs=1e-6)
-    top_one = SamplingSettings(max_tokens=1, top_k=1)
-    assert HFTokenSampler.next_token(logits, top_one, generator) == (0, pytest.approx(0.0, abs=1e-6))
-    top_two = SamplingSettings(max_tokens=1, top_k=2, temperature=2.0)
-    token, log_prob = HFTokenSampler.next_token(logits, top_two, generator)
-    assert token in (0, 1)
-    assert log_prob == pytest.approx(torch.log_softmax(logits[:2] / 2.0, dim=-1)[token].item(), abs=1e-6)
-    greedy = SamplingSettings(max_tokens=1, temperature=0.0)
-    assert HFTokenSampler.next_token(logits, greedy, generator) == (0, pytest.approx(torch.tensor(0.5).log().item()))
 
 
 def test_same_seed_repeats_whatever_the_arrival_order_and_a_new_seed_differs(model_path):

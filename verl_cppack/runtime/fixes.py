@@ -242,7 +242,7 @@ def local_layernorm_names(module: ModuleType) -> None:
 
 
 HF_ROLLOUT_NAME = "hf"
-HF_ROLLOUT_MODULE = "verl_cppack.runtime.rollout"
+HF_ROLLOUT_MODULE = "verl_cppack.runtime.rollout.verl_adapter"
 HF_ROLLOUT_ADAPTER = f"{HF_ROLLOUT_MODULE}.HFServerAdapter"
 
 
