@@ -15,15 +15,13 @@ and the packing cost on CPU, not GPU speed.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import tempfile
 import time
 import warnings
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from verl_cppack.runtime.gloo_world import run_world
 
 VOCAB = 512
 
@@ -77,51 +75,39 @@ def _padded_step(model, input_ids, mask):
     return step
 
 
-def _worker(rank: int, world_size: int, store_path: str, args: argparse.Namespace, results) -> None:
+def _rank(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
-    torch.set_num_threads(args.threads)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo talks over loopback only
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
-    try:
-        from verl_cppack.packing.builders import plan_from_mask
-        from verl_cppack.runtime.tiny_gpt import build_tiny_gpt, init_megatron_parallel
+    from verl_cppack.packing.builders import plan_from_mask
+    from verl_cppack.runtime.tiny_gpt import build_tiny_gpt, init_megatron_parallel
 
-        ctx = init_megatron_parallel(cp_size=world_size)
-        input_ids, mask = make_batch(args.batch_size, args.seq_len)
-        plan = plan_from_mask(mask, ctx)
+    ctx = init_megatron_parallel(cp_size=world_size)
+    input_ids, mask = make_batch(args.batch_size, args.seq_len)
+    plan = plan_from_mask(mask, ctx)
 
-        def model(attention):
-            return build_tiny_gpt(
-                vocab_size=VOCAB,
-                hidden_size=128,
-                num_layers=2,
-                num_attention_heads=4,
-                num_query_groups=2,
-                max_sequence_length=args.seq_len,
-                attention=attention,
-            )
+    def model(attention):
+        return build_tiny_gpt(
+            vocab_size=VOCAB,
+            hidden_size=128,
+            num_layers=2,
+            num_attention_heads=4,
+            num_query_groups=2,
+            max_sequence_length=args.seq_len,
+            attention=attention,
+        )
 
-        if world_size == 1:
-            gpt = model("allgather")
-            steps = {"padded": _padded_step(gpt, input_ids, mask), "packed": _packed_step(gpt, plan, input_ids)}
-        else:
-            steps = {name: _packed_step(model(name), plan, input_ids) for name in ("allgather", "ring")}
-        report = timed_interleaved(steps, args.repeats)
-        report["packed_positions"] = plan.total_length
-        results.put((rank, report))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+    if world_size == 1:
+        gpt = model("allgather")
+        steps = {"padded": _padded_step(gpt, input_ids, mask), "packed": _packed_step(gpt, plan, input_ids)}
+    else:
+        steps = {name: _packed_step(model(name), plan, input_ids) for name in ("allgather", "ring")}
+    report = timed_interleaved(steps, args.repeats)
+    report["packed_positions"] = plan.total_length
+    return report
 
 
-def run_world(world_size: int, args: argparse.Namespace) -> dict:
-    # a file rendezvous: no free-port race with other processes on a busy machine
-    with tempfile.TemporaryDirectory(prefix="verl_cppack_") as rendezvous_dir:
-        store_path = os.path.join(rendezvous_dir, "store")
-        results = mp.get_context("spawn").SimpleQueue()
-        mp.spawn(_worker, args=(world_size, store_path, args, results), nprocs=world_size, join=True)
-        reports = [results.get() for _ in range(world_size)]
-    return min(reports, key=lambda item: item[0])[1]  # rank 0 (all ranks wait for each other per step)
+def run_at(world_size: int, args: argparse.Namespace) -> dict:
+    """Rank 0's report (all ranks wait for each other per step)."""
+    return run_world(_rank, world_size, args, torch_threads=args.threads)[0]
 
 
 def main() -> None:
@@ -136,12 +122,12 @@ def main() -> None:
     _, mask = make_batch(args.batch_size, args.seq_len)
     print(f"batch {args.batch_size} x {args.seq_len}: {int(mask.sum())} valid tokens of {mask.numel()}")
 
-    single = run_world(1, args)
+    single = run_at(1, args)
     print(f"CP=1 padded BSHD fwd+bwd : {single['padded'] * 1e3:8.1f} ms  ({mask.numel()} positions)")
     print(f"CP=1 packed THD  fwd+bwd : {single['packed'] * 1e3:8.1f} ms  ({single['packed_positions']} positions)")
     print(f"  padded / packed        : {single['padded'] / single['packed']:8.2f}x")
 
-    double = run_world(2, args)
+    double = run_at(2, args)
     print(f"CP=2 all-gather K/V      : {double['allgather'] * 1e3:8.1f} ms  (rank 0)")
     print(f"CP=2 zigzag ring         : {double['ring'] * 1e3:8.1f} ms  (rank 0)")
     print(f"  ring / all-gather      : {double['ring'] / double['allgather']:8.2f}x")

@@ -19,17 +19,15 @@ Prints a table; it asserts nothing (this is not a test).
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from verl_cppack.bench.batches import rollout_batch as rollout_batch_padded
 from verl_cppack.bench.counters import HostReadCounter, OpCounter
+from verl_cppack.runtime.gloo_world import run_world
 
 
 def rollout_batch(batch_size: int, seq_len: int, seed: int = 0):
@@ -54,16 +52,14 @@ def measure(call, repeats: int, before=None):
     return statistics.median(times), counter.total_ops, counter.syncs() + tolist.calls
 
 
-def worker(rank: int, world_size: int, port: int, batch_sizes, seq_len: int, repeats: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+def worker(rank: int, world_size: int, batch_sizes, seq_len: int, repeats: int) -> list:
+    """One rank of the CP group ``gloo_world.run_world`` made; returns the measured rows."""
     import verl.models.mcore.util as verl_util
     from megatron.core import parallel_state as mpu
 
     from verl_cppack.integrations import verl as ours
 
     mpu.initialize_model_parallel(context_parallel_size=world_size)
-    torch.set_num_threads(1)
     rows = []
     try:
         for batch_size in batch_sizes:
@@ -100,10 +96,7 @@ def worker(rank: int, world_size: int, port: int, batch_sizes, seq_len: int, rep
                     rows.append((batch_size, case, impl_name, seconds, ops, syncs))
     finally:
         mpu.destroy_model_parallel()
-        dist.barrier()
-        dist.destroy_process_group()
-    if rank == 0:
-        queue.put(rows)
+    return rows
 
 
 def main() -> None:
@@ -112,19 +105,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    context = mp.get_context("spawn")
-    queue = context.SimpleQueue()
-    mp.start_processes(
-        worker,
-        args=(2, port, args.batch_sizes, args.seq_len, args.repeats, queue),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
-    rows = queue.get()
+    rows = run_world(worker, 2, args.batch_sizes, args.seq_len, args.repeats, torch_threads=1)[0]
     table = {(b, case, impl): (s, ops, syncs) for b, case, impl, s, ops, syncs in rows}
     print(f"CP=2 (2 gloo processes), S={args.seq_len}, median of {args.repeats}; rank 0")
     print(

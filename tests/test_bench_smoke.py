@@ -7,12 +7,11 @@ op count for every B, while verl's op count grows with B.
 import pytest
 import torch
 
-from verl_cppack.bench.verl_step import (
+from verl_cppack.bench.measure import BenchSettings, run_benchmark
+from verl_cppack.bench.report import (
     SECTION_BEGIN,
     SECTION_END,
-    BenchSettings,
     performance_section,
-    run_benchmark,
     update_generated_section,
     write_outputs,
 )
@@ -63,7 +62,7 @@ def test_the_vlm_mask_builders_are_measured_at_cp_1():
 
 
 def test_times_of_several_runs_are_their_medians_and_counts_come_from_the_first():
-    from verl_cppack.bench.verl_step import _median_over_runs
+    from verl_cppack.bench.measure import _median_over_runs
 
     def run(scale):
         times = {"preprocess_ms": 1.0 * scale, "postprocess_ms": 2.0 * scale, "step_ms": 3.0 * scale, "aten_ops": 51}

@@ -30,7 +30,7 @@ import torch
 from verl_cppack.cli import main
 from verl_cppack.jobs import ref_logprobs
 from verl_cppack.jobs.counting_task import CountingAssets, ensure_counting_assets
-from verl_cppack.jobs.ref_logprobs import BadInput, load_pairs, synthetic_pairs
+from verl_cppack.jobs.ref_logprobs_input import BadInput, load_pairs, synthetic_pairs
 from verl_cppack.runtime.megatron_engine import rollout_tensors
 
 REPO = Path(__file__).resolve().parents[1]

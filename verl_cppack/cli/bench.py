@@ -8,13 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-from verl_cppack.bench.verl_step import (
-    BenchSettings,
+from verl_cppack.bench.measure import BenchSettings, run_benchmark
+from verl_cppack.bench.report import (
     check_targets,
     generated_section_text,
     markdown_table,
     performance_section,
-    run_benchmark,
     summary_lines,
     update_generated_section,
     write_outputs,

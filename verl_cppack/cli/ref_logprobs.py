@@ -21,8 +21,9 @@ EXIT_BAD_INPUT, EXIT_WORKER_FAILED, EXIT_INTERRUPTED = 2, 3, 130
 
 
 def run(args: argparse.Namespace) -> int:
-    from verl_cppack.jobs.ref_logprobs import BadInput, WorkerFailed, prepare
+    from verl_cppack.jobs.ref_logprobs import WorkerFailed
     from verl_cppack.jobs.ref_logprobs import run as run_request
+    from verl_cppack.jobs.ref_logprobs_input import BadInput, prepare
 
     try:
         request = prepare(

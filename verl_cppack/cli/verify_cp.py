@@ -17,16 +17,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import sys
-import tempfile
-import traceback
 import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from verl_cppack.runtime.gloo_world import RankFailed, run_world
 
 LOGPROB_TOLERANCE = 1e-5  # absolute, fp32
 GRAD_TOLERANCE = 1e-4  # relative, fp32
@@ -159,36 +157,15 @@ def _compare(args: argparse.Namespace, use_verl: bool) -> dict[str, float]:
     }
 
 
-def _worker(
-    rank: int, world_size: int, store_path: str, args: argparse.Namespace, use_verl: bool, results: Any
-) -> None:
+def _rank(rank: int, world_size: int, args: argparse.Namespace, use_verl: bool) -> dict[str, float]:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")  # TE/Apex absent on CPU
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo talks over loopback only
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
-    try:
-        results.put((rank, "ok", _compare(args, use_verl)))
-    except BaseException:
-        results.put((rank, "error", traceback.format_exc()))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+    return _compare(args, use_verl)
 
 
 def run_check(args: argparse.Namespace) -> dict[str, Any]:
-    """Spawn the processes, return the JSON report (raises ``RuntimeError`` if a rank failed)."""
+    """Run the ranks, return the JSON report (raises ``RankFailed``, a ``RuntimeError``, if a rank failed)."""
     use_verl = args.forward == "verl" or (args.forward == "auto" and verl_forward_available())
-    world_size = args.cp * args.tp
-    # a file rendezvous: no free-port race with other processes on a busy machine
-    with tempfile.TemporaryDirectory(prefix="verl_cppack_") as rendezvous_dir:
-        store_path = os.path.join(rendezvous_dir, "store")
-        results = mp.get_context("spawn").SimpleQueue()
-        mp.spawn(_worker, args=(world_size, store_path, args, use_verl, results), nprocs=world_size, join=True)
-        per_rank = [results.get() for _ in range(world_size)]
-    errors = [payload for _, status, payload in sorted(per_rank, key=lambda item: item[0]) if status == "error"]
-    if errors:
-        raise RuntimeError("a rank failed:\n" + "\n".join(errors))
-    metrics = [payload for _, _, payload in per_rank]
+    metrics = run_world(_rank, args.cp * args.tp, args, use_verl, torch_threads=1)
     report: dict[str, Any] = {
         "cp": args.cp,
         "tp": args.tp,
@@ -246,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         report = run_check(args)
-    except (RuntimeError, mp.ProcessException) as error:
+    except RankFailed as error:
         print(f"verify-cp: could not run the check: {error}", file=sys.stderr)
         return 2
     print(
