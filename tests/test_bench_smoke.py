@@ -19,6 +19,8 @@ from verl_cppack.bench.report import (
 pytest.importorskip("verl")
 pytest.importorskip("megatron.core")
 
+pytestmark = pytest.mark.slow  # the benchmark in gloo processes
+
 
 @pytest.fixture(scope="module")
 def rows():

@@ -242,6 +242,7 @@ def test_the_rollout_fixes_refuse_a_changed_registry(clean_registries, monkeypat
 # -- on Ray ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a local Ray cluster
 def test_replica_server_actor_generates_and_the_adapter_pushes_weights(model_path, other_model_path, monkeypatch):
     """One local Ray cluster: ``HFReplica.init_hybrid`` starts the server actor next to a stand-in worker;
     ``HFServerAdapter.update_weights`` (rank 0 of replica 0) loads new weights into it."""

@@ -67,6 +67,7 @@ def test_a_parallel_shape_reaches_every_megatron_model_and_verls_trainer(tmp_pat
     assert critic.ppo_micro_batch_size_per_gpu == ppo_settings.prompts_per_step * ppo_settings.group_size // 4 // 2
 
 
+@pytest.mark.slow  # each case runs the CLI in a subprocess (several seconds)
 @pytest.mark.parametrize(
     "arguments, message",
     [
@@ -98,6 +99,7 @@ def test_bad_input_is_one_error_line_and_exit_2_before_ray_starts(arguments, mes
     assert not (tmp_path / "out" / "trainer.log").exists()  # the trainer never started
 
 
+@pytest.mark.slow  # the CLI in subprocesses
 def test_an_output_path_that_is_a_file_or_unwritable_is_refused(tmp_path):
     (tmp_path / "file").write_text("x")
     result = grpo("--output", str(tmp_path / "file"))
@@ -106,6 +108,7 @@ def test_an_output_path_that_is_a_file_or_unwritable_is_refused(tmp_path):
     assert result.returncode == 2 and "error: cannot create or read the output directory" in result.stderr
 
 
+@pytest.mark.slow  # the CLI in a subprocess
 def test_a_ray_address_where_no_cluster_answers_fails_in_bounded_time(tmp_path):
     started = time.monotonic()
     result = grpo("--output", str(tmp_path / "out"), "--address", "127.0.0.1:9", timeout=120)

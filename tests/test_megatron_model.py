@@ -63,7 +63,7 @@ def cp_world_rank(rank, world_size):
     return {"position_wise": position_wise_rank(rank, world_size), "tiny_gpt": tiny_gpt_rank(rank, world_size)}
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda cp: f"cp{cp}")
+@pytest.fixture(scope="module", params=[2, pytest.param(4, marks=pytest.mark.slow)], ids=lambda cp: f"cp{cp}")
 def cp_world(request):
     return request.param, run_gloo(cp_world_rank, request.param)
 

@@ -119,6 +119,7 @@ def hf_response_log_probs(model_dir: Path, pairs) -> list[list[float]]:
 
 
 # ------------------------------------------------------------------------------------------ end to end
+@pytest.mark.slow  # verl's engine in gloo processes
 def test_cp2_log_probs_equal_the_hugging_face_model_and_cp1(runs, model_dir):
     expected = hf_response_log_probs(model_dir, PAIRS)
     cp2, cp1 = read_rows(runs[2]), read_rows(runs[1])
@@ -135,6 +136,7 @@ def test_cp2_log_probs_equal_the_hugging_face_model_and_cp1(runs, model_dir):
         )
 
 
+@pytest.mark.slow  # verl's engine in gloo processes
 def test_summary_counts_rows_and_response_tokens(runs, model_dir):
     for cp, output_dir in runs.items():
         summary = json.loads((output_dir / "summary.json").read_text())
@@ -243,6 +245,7 @@ def test_an_output_that_is_a_file_is_refused(model_dir, tmp_path, capsys, never_
 
 
 # ------------------------------------------------------------------------------------------ failures
+@pytest.mark.slow  # gloo processes importing verl
 def test_a_worker_failure_is_one_error_line_and_exit_3(model_dir, tmp_path, capsys):
     """A checkpoint with config.json but no weights passes the checks; the worker fails building the engine."""
     no_weights = tmp_path / "model"
@@ -283,6 +286,7 @@ def session_processes(session_id: int) -> list[int]:
     return pids
 
 
+@pytest.mark.slow  # gloo processes importing verl
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads sessions from /proc")
 def test_ctrl_c_exits_130_and_leaves_no_process(model_dir, tmp_path):
     from tests.interrupts import default_sigint

@@ -9,6 +9,8 @@ import pytest
 from verl_cppack.cli import main
 from verl_cppack.cli.verify_cp import rollout_batch, verl_forward_available
 
+pytestmark = pytest.mark.slow  # the tiny GPT at CP=1 and CP=2 in gloo processes
+
 
 @pytest.mark.parametrize("attention", ["allgather", "ring"])
 def test_verify_cp_2_passes_and_writes_the_report(attention, tmp_path):

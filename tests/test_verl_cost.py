@@ -85,6 +85,7 @@ def op_count_checks() -> dict[str, tuple[int, int]]:
     return {"ops": counts, "syncs": micro_batch_syncs(ours, *_batch(64))}
 
 
+@pytest.mark.slow  # op counts of verl's and ours in gloo worlds, about ten seconds each
 @pytest.mark.parametrize("name", ["cp1", "cp2", "cp4"])
 def test_op_counts_do_not_grow_with_batch_size(name):
     from tests.test_verl_equality import world

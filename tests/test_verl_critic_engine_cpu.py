@@ -44,6 +44,8 @@ from tests.verl_engine_cases import (  # noqa: E402
 )
 from verl_cppack.jobs.counting_task import ensure_counting_assets  # noqa: E402
 
+pytestmark = pytest.mark.slow  # verl's Megatron engine in gloo processes
+
 RETURN_OFFSETS = (0.3, -0.2, 0.1, -0.4, 0.25)  # returns = values + offset (per sample), inside cliprange 0.5
 
 

@@ -42,6 +42,8 @@ from tests.verl_engine_cases import (  # noqa: E402
 )
 from verl_cppack.jobs.counting_task import ensure_counting_assets  # noqa: E402
 
+pytestmark = pytest.mark.slow  # verl's Megatron engine in gloo processes
+
 
 def hf_response_log_probs(model_path: str) -> torch.Tensor:
     """Reference: ``log_softmax`` of the Hugging Face model's logits at each response token, one unpadded

@@ -363,7 +363,9 @@ def world(name: str) -> list[dict]:
     return run_gloo(world_worker, world_size, tp_size, seeds)
 
 
-@pytest.mark.parametrize("name", list(WORLDS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=[pytest.mark.slow] if name in ("cp4", "tp2-cp2") else []) for name in WORLDS]
+)
 def test_dropins_equal_verl_util(name):
     results = world(name)
     failures = [failure for result in results for failure in result["equality"][1]]

@@ -24,6 +24,8 @@ from tests.verl_releases import UTIL_PATH, release_dir
 pytest.importorskip("verl")
 pytest.importorskip("megatron.core")
 
+pytestmark = pytest.mark.slow  # a stand-in verl release in subprocesses
+
 SIGNATURE_LINE = (
     '    cp_layout: ContextParallelLayout = "zigzag",\n) -> tuple[torch.Tensor, PackedSeqParams, torch.Tensor | None]:'
 )

@@ -156,6 +156,7 @@ def _side_by_side(rank, world_size):
     return results
 
 
+@pytest.mark.slow  # gloo worlds importing verl
 def test_fields_and_contiguous_support_equal_verls():
     pytest.importorskip("verl.models.mcore.util")
     for results in run_gloo(_side_by_side, 2):

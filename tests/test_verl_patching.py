@@ -232,6 +232,7 @@ def _fresh_python(env_update: dict[str, str], script: str) -> subprocess.Complet
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow  # a fresh interpreter importing verl
 def test_environment_variable_activates_the_plugin_in_a_fresh_interpreter():
     result = _fresh_python({"VERL_USE_EXTERNAL_MODULES": "verl_cppack.verl_plugin"}, ENV_SCRIPT)
     assert result.returncode == 0, result.stderr[-3000:]

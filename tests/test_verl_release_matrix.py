@@ -31,6 +31,8 @@ from tests.verl_releases import RELEASES, load_util, release_dir
 pytest.importorskip("verl")
 pytest.importorskip("megatron.core")
 
+pytestmark = pytest.mark.slow  # each release's wheel, fetched, in gloo and in a subprocess: minutes
+
 DESIGN = Path(__file__).resolve().parent.parent / "docs" / "design.md"
 # (seed, shortest sequence): verl < 0.8 crashes on 1-token sequences under CP; empty ones appear with shortest 0
 BATCHES = ((11, 1), (12, 1), (13, 2), (14, 2), (15, 0))
