@@ -79,6 +79,12 @@ class ParallelContext:
         if self.cp_group is not None:
             object.__setattr__(self, "group_answer", group_size_and_rank(self.cp_group))
 
+    @property
+    def default_slot_multiple(self) -> int:
+        """verl's slot alignment, the one formula: ``TP*CP*2`` when CP>1 (every slot cut into ``2*CP`` zigzag chunks,
+        each a multiple of TP), else ``TP``."""
+        return self.tp_size * self.cp_size * 2 if self.cp_size > 1 else self.tp_size
+
     def check_group(self) -> None:
         """``ValueError`` unless ``cp_group`` has ``cp_size`` ranks with this process at ``cp_rank`` (as
         ``torch.distributed`` answered when the context was made; no communication)."""

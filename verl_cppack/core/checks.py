@@ -35,6 +35,19 @@ def require_integer_tensor(
     return tensor
 
 
+def require_mask(name: str, value: object) -> torch.Tensor:
+    """A padded batch's token mask: a 2-D ``[B, S]`` tensor (B, S >= 1), bool or integer (its values are checked
+    when the plan reads it back)."""
+    mask = require_tensor(name, value)
+    if mask.is_nested or mask.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D [B, S] tensor, got shape {tuple(mask.shape)}")
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        raise TypeError(f"{name} must be bool or integer 0/1, got dtype {mask.dtype}")
+    if mask.shape[0] < 1 or mask.shape[1] < 1:
+        raise ValueError(f"{name} must have B >= 1 and S >= 1, got shape {tuple(mask.shape)}")
+    return mask
+
+
 def require_int(name: str, value: object, minimum: int = 0, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")

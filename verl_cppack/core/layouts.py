@@ -67,7 +67,7 @@ class Layout(ABC):
 
         Shared by every layout so switching layouts never changes the stream.
         """
-        base = ctx.tp_size * ctx.cp_size * 2 if ctx.cp_size > 1 else ctx.tp_size
+        base = ctx.default_slot_multiple
         return Alignment.fp8(base) if fp8 else Alignment.per_slot(base)
 
     @abstractmethod

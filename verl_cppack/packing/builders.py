@@ -1,5 +1,8 @@
-"""Building a ``PackPlan``: ``plan_from_mask`` (padded batch), ``plan_from_lengths`` / ``plan_from_nested``
-(jagged sequences), and ``build_plan``, the one builder behind them and ``packing.documents``.
+"""Building a ``PackPlan``, one builder per input mode, all ending in one assembly (``_assemble``):
+
+- ``plan_from_mask``: a padded ``[B, S]`` batch, one sequence per mask row (``_plan_of_mask_rows``);
+- ``plan_from_lengths`` / ``plan_from_nested``: jagged sequences (``_plan_of_lengths``);
+- ``plan_of_documents``: documents of ``[B, S]`` tokens by their lengths and first positions (``packing.documents``).
 
 Cost: one device->host read (``core.host.read_to_host``: per-sequence lengths and where each sequence starts,
 with the value checks); the per-sequence arithmetic then runs on the host with numpy and the offsets travel
@@ -20,8 +23,8 @@ from verl_cppack.core.checks import (
     MAX_STREAM_POSITIONS,
     require_context,
     require_jagged,
+    require_mask,
     require_stream_int,
-    require_tensor,
 )
 from verl_cppack.core.layouts import Layout, LayoutName, get_layout
 from verl_cppack.core.runs import run_offsets
@@ -43,23 +46,24 @@ def plan_from_mask(
     padding, empty rows allowed). ``alignment``: ``None`` = verl's default for the layout (FP8 variant
     with ``fp8=True``), an ``int`` = pad every slot to that multiple, or an explicit ``Alignment``.
     """
-    require_tensor("attention_mask", attention_mask)
-    if attention_mask.is_nested or attention_mask.dim() != 2:
-        raise ValueError(f"attention_mask must be a 2-D [B, S] tensor, got shape {tuple(attention_mask.shape)}")
-    if attention_mask.dtype.is_floating_point or attention_mask.dtype.is_complex:
-        raise TypeError(f"attention_mask must be bool or integer 0/1, got dtype {attention_mask.dtype}")
-    batch_size, seq_len = attention_mask.shape
-    if batch_size < 1 or seq_len < 1:
-        raise ValueError(f"attention_mask must have B >= 1 and S >= 1, got shape {tuple(attention_mask.shape)}")
-    ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
+    return plan_of_checked_mask(require_mask("attention_mask", attention_mask), ctx, layout, alignment, fp8)
 
+
+def plan_of_checked_mask(
+    attention_mask: torch.Tensor,
+    ctx: ParallelContext | None,
+    layout: LayoutName | Layout = "zigzag",
+    alignment: Alignment | int | None = None,
+    fp8: bool = False,
+) -> PackPlan:
+    """``plan_from_mask`` for a mask that already passed ``core.checks.require_mask`` (the drop-ins check theirs
+    once, under the caller's argument name)."""
+    ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
     num_bad_values = None  # a bool mask has no bad values
     if attention_mask.dtype != torch.bool:
         num_bad_values = ((attention_mask != 0) & (attention_mask != 1)).sum()
         attention_mask = attention_mask != 0
-    return build_plan(
-        ctx, layout_, alignment_, None, (batch_size, seq_len), num_bad_values, mask_rows=MaskRows(attention_mask)
-    )
+    return _plan_of_mask_rows(ctx, layout_, alignment_, MaskRows(attention_mask), num_bad_values)
 
 
 def plan_from_lengths(
@@ -85,7 +89,7 @@ def plan_from_lengths(
     if seqlens.dim() != 1 or seqlens.numel() < 1:
         raise ValueError(f"seqlens must be 1-D with at least one sequence, got shape {tuple(seqlens.shape)}")
     ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
-    return build_plan(ctx, layout_, alignment_, seqlens, None, (seqlens < 0).sum())
+    return _plan_of_lengths(ctx, layout_, alignment_, seqlens)
 
 
 def plan_from_nested(
@@ -122,48 +126,73 @@ def resolve_policy(
     return ctx, layout_, alignment_
 
 
-def build_plan(
+def _plan_of_mask_rows(
     ctx: ParallelContext,
     layout: Layout,
     alignment: Alignment,
-    seqlens: torch.Tensor
-    | None,  # [n] any integer dtype: tokens of each sequence, in stream order; None: one per mask row
-    source_shape: tuple[int, int] | None,  # (B, S) of a padded source; None for a jagged source
-    num_bad_values: torch.Tensor
-    | None,  # [] count of invalid input values, reported after the sync; None: none possible
-    *,
-    mask_rows: MaskRows | None = None,  # the token mask of a padded source whose rows are the sequences
-    sequence_start: torch.Tensor | None = None,  # [n] source row of each sequence's first token (documents)
-    num_sequences: torch.Tensor | None = None,  # []: seqlens/sequence_start are capacity buffers, the first ones real
+    mask_rows: MaskRows,  # the token mask of a padded [B, S] source: row b is sequence b
+    num_bad_values: torch.Tensor | None,  # [] mask values other than 0/1, reported after the sync; None: bool mask
 ) -> PackPlan:
-    """The one plan builder. Sequence ``i`` is ``seqlens[i]`` consecutive tokens: of the source rows from
-    ``sequence_start[i]`` (documents), of a mask row (``mask_rows``), or of a jagged source (neither).
+    """A padded batch: each row's tokens, from its first token (one run) or by rank in row-major order (gaps)."""
+    scalars = () if num_bad_values is None else (num_bad_values,)
+    read = host.read_to_host(*mask_rows.device_stats, *scalars)  # the plan's one device->host sync
+    if scalars and read[-1][0]:
+        raise ValueError(f"attention_mask values must be 0 or 1; found {read[-1][0]} offending entries")
+    seqlens_host, first_column, last_column = mask_rows.extents(read[: len(mask_rows.device_stats)])
+    seqlens_host = seqlens_host.copy()  # on the CPU the read is a view of the caller's tensor: own it
+    _check_longest(int(seqlens_host.max(initial=0)))
+    source_shape = tuple(mask_rows.mask.shape)
+    if ((last_column - first_column + 1 != seqlens_host) & (seqlens_host > 0)).any():  # rows with gaps
+        token_rows = mask_rows.token_positions(int(seqlens_host.sum()))
+        return _assemble(ctx, layout, alignment, seqlens_host, None, source_shape, mask_rows.mask.device, token_rows)
+    sequence_start = np.arange(seqlens_host.size) * source_shape[1] + first_column  # one run per row
+    return _assemble(ctx, layout, alignment, seqlens_host, sequence_start, source_shape, mask_rows.mask.device)
 
-    One device->host read brings back the per-sequence lengths (and starts) with the value checks; the
-    offsets are numpy on the host and travel back to the device in one copy.
-    """
-    if mask_rows is not None:
-        per_sequence, device = mask_rows.device_stats, mask_rows.mask.device
-    else:
-        per_sequence = (seqlens,) if sequence_start is None else (seqlens, sequence_start)
-        device = seqlens.device
-    scalars = [value for value in (num_bad_values, num_sequences) if value is not None]
-    # The one device->host sync of the plan.
-    read = host.read_to_host(*per_sequence, *scalars)
-    per_sequence_host, scalars_host = read[: len(per_sequence)], read[len(per_sequence) :]
-    bad = scalars_host[0][0] if num_bad_values is not None else 0
-    if bad:
-        what = "seqlens must be >= 0" if source_shape is None else "attention_mask values must be 0 or 1"
-        raise ValueError(f"{what}; found {bad} offending entries")
-    gapped_rows = 0
-    if mask_rows is not None:
-        seqlens_host, first_column, last_column = mask_rows.extents(per_sequence_host)
-        gapped_rows = int(((last_column - first_column + 1 != seqlens_host) & (seqlens_host > 0)).sum())
-    else:
-        seqlens_host = per_sequence_host[0]
-    n = seqlens_host.size if num_sequences is None else int(scalars_host[-1][0])
-    seqlens_host = seqlens_host[:n].copy()  # on the CPU the read is a view of the caller's tensor: own it
-    _check_longest(int(seqlens_host.max(initial=0)))  # before any sum: lengths below 2**31 cannot overflow int64
+
+def _plan_of_lengths(
+    ctx: ParallelContext,
+    layout: Layout,
+    alignment: Alignment,
+    seqlens: torch.Tensor,  # [n] integer lengths
+) -> PackPlan:
+    """Jagged sequences, one after another in the source."""
+    seqlens_host, negative = host.read_to_host(seqlens, (seqlens < 0).sum())  # the plan's one device->host sync
+    if negative[0]:
+        raise ValueError(f"seqlens must be >= 0; found {negative[0]} offending entries")
+    seqlens_host = seqlens_host.copy()
+    _check_longest(int(seqlens_host.max(initial=0)))
+    return _assemble(ctx, layout, alignment, seqlens_host, None, None, seqlens.device)
+
+
+def plan_of_documents(
+    ctx: ParallelContext,
+    layout: Layout,
+    alignment: Alignment,
+    lengths: torch.Tensor,  # [capacity] tokens of each document in row-major order, the first num_documents real
+    starts: torch.Tensor,  # [capacity] flat [B*S] position of each document's first token
+    num_documents: torch.Tensor,  # [] how many documents there are
+    source_shape: tuple[int, int],  # (B, S) of the tokens
+) -> PackPlan:
+    """Documents of a ``[B, S]`` token batch (``packing.documents.segment_documents``), as sequences."""
+    lengths_host, starts_host, count = host.read_to_host(lengths, starts, num_documents)  # the one sync
+    n = int(count[0])
+    seqlens_host = lengths_host[:n].copy()
+    _check_longest(int(seqlens_host.max(initial=0)))
+    return _assemble(ctx, layout, alignment, seqlens_host, starts_host[:n].copy(), source_shape, lengths.device)
+
+
+def _assemble(
+    ctx: ParallelContext,
+    layout: Layout,
+    alignment: Alignment,
+    seqlens_host: np.ndarray,  # [n] tokens of each sequence (checked < 2**31 each)
+    sequence_start_host: np.ndarray | None,  # [n] source position of each sequence's first token; None: packed
+    source_shape: tuple[int, int] | None,  # (B, S) of a padded source; None for a jagged one
+    device: torch.device,
+    token_rows: torch.Tensor | None = None,  # [T_valid] source position of every token (mask rows with gaps)
+) -> PackPlan:
+    """The plan every builder ends in: padding, offsets and totals on the host, the offset tables sent to the
+    device in one copy."""
     if not seqlens_host.any():
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
     seqlens_padded = alignment.pad(seqlens_host)
@@ -171,23 +200,14 @@ def build_plan(
     num_valid_tokens, total_length = int(cu_seqlens[-1]), int(cu_seqlens_padded[-1])
     if total_length >= 2**31:
         raise ValueError(f"the packed stream holds {total_length} positions; THD offsets are int32: split the batch")
-
-    token_rows = None
-    if mask_rows is not None and gapped_rows == 0:  # one run per row: it starts at the row's first token
-        sequence_start_host = np.arange(n) * source_shape[1] + first_column
-    elif mask_rows is not None:  # rows with gaps: tokens are looked up by their rank in row-major order
-        token_rows = mask_rows.token_positions(num_valid_tokens)
-        sequence_start_host = cu_seqlens[:-1]
-    elif sequence_start is not None:
-        sequence_start_host = per_sequence_host[1][:n].copy()
-    else:
+    if sequence_start_host is None:
         sequence_start_host = cu_seqlens[:-1]
     offsets = host.tables_to_device([seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded], device, torch.int32)
     return PackPlan(
         ctx=ctx,
         layout=layout,
         alignment=alignment,
-        batch_size=int(n),
+        batch_size=int(seqlens_host.size),
         source_shape=source_shape,
         seqlens=offsets[0],
         seqlens_padded=offsets[1],

@@ -7,7 +7,7 @@ from each document's length and first position: the same offsets, layouts, align
 shift function (``plan.pack(tokens, shift=k)``) as every other plan.
 
 Cost: no Python loop over rows or documents, O(B*S + T) device work, and one device->host sync per
-call: the document count, lengths and starts ride on the core plan's own read (``build_plan(..., num_sequences=...)``,
+call: the document count, lengths and starts ride on the plan's own read (``builders.plan_of_documents``,
 capacity-sized buffers: on an accelerator that read copies ``2 * B * S`` integers).
 """
 
@@ -22,7 +22,7 @@ from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import FP8_STREAM_FACTOR, Alignment
 from verl_cppack.core.checks import require_context, require_int, require_integer_tensor, require_token_id
 from verl_cppack.core.layouts import Layout, LayoutName, get_layout
-from verl_cppack.packing.builders import build_plan, resolve_policy
+from verl_cppack.packing.builders import plan_of_documents, resolve_policy
 from verl_cppack.packing.plan import PackPlan
 
 
@@ -133,7 +133,7 @@ def document_alignment(
     """
     if alignment is not None or layout.name != "contiguous":
         return alignment
-    base = ctx.tp_size * ctx.cp_size * 2 if ctx.cp_size > 1 else ctx.tp_size
+    base = ctx.default_slot_multiple
     return Alignment.per_stream(base * FP8_STREAM_FACTOR if fp8 else base)
 
 
@@ -157,16 +157,7 @@ def plan_documents(
     ctx, layout_, alignment_ = resolve_policy(ctx, layout_, chosen, fp8 and chosen is None)
 
     lengths, starts, num_documents = segment_documents(tokens, eod_id=eod_id, pad_id=pad_id)  # [B*S], [B*S], []
-    return build_plan(
-        ctx,
-        layout_,
-        alignment_,
-        lengths,
-        tuple(tokens.shape),
-        None,
-        sequence_start=starts,
-        num_sequences=num_documents,
-    )
+    return plan_of_documents(ctx, layout_, alignment_, lengths, starts, num_documents, tuple(tokens.shape))
 
 
 def pack_documents(

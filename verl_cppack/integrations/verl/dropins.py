@@ -26,7 +26,7 @@ import torch
 
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
-from verl_cppack.core.checks import require_jagged, require_tensor
+from verl_cppack.core.checks import require_jagged, require_mask, require_tensor
 from verl_cppack.integrations import megatron
 from verl_cppack.integrations.verl.plan_cache import SourceSnapshot, TensorKeyedCache, attach_plan, attached_plan
 from verl_cppack.integrations.verl.policies import (
@@ -39,7 +39,7 @@ from verl_cppack.integrations.verl.policies import (
     fp8_block,
     megatron_context,
 )
-from verl_cppack.packing.builders import plan_from_lengths, plan_from_mask, plan_from_nested
+from verl_cppack.packing.builders import plan_from_lengths, plan_from_nested, plan_of_checked_mask
 from verl_cppack.packing.plan import PackPlan
 
 _MASK_PLANS = TensorKeyedCache()  # attention mask -> plan
@@ -48,18 +48,11 @@ _BSHD_MASKS = TensorKeyedCache()  # mask returned by a bshd preprocess -> how to
 
 
 # ====================================================================== helpers
-def _check_mask(attention_mask: object) -> torch.Tensor:
-    mask = require_tensor("attention_mask", attention_mask)
-    if mask.is_nested or mask.dim() != 2:
-        raise ValueError(f"attention_mask must be a 2-D [B, S] tensor, got shape {tuple(mask.shape)}")
-    return mask
-
-
 def _mask_entry(
     attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment
 ) -> tuple[PackPlan, SourceSnapshot]:
     return _MASK_PLANS.entry(
-        attention_mask, (ctx, alignment), lambda: plan_from_mask(attention_mask, ctx, alignment=alignment)
+        attention_mask, (ctx, alignment), lambda: plan_of_checked_mask(attention_mask, ctx, alignment=alignment)
     )
 
 
@@ -127,10 +120,6 @@ def _replan(packed_seq_params: Any, candidates: list[tuple[ParallelContext, Any]
 
 
 # ============================================================ padded (legacy) API
-def _legacy_base(ctx: ParallelContext) -> int:
-    return ctx.tp_size * ctx.cp_size * 2 if ctx.cp_size > 1 else ctx.tp_size
-
-
 def preprocess_packed_seqs(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -144,11 +133,11 @@ def preprocess_packed_seqs(
     ``use_fp8_padding``: slots to ``lcm(16, base)`` (``fp8_recipe="mxfp8"``: ``lcm(32, base)``), the stream to
     ``base * 128``. ``include_total_tokens``: ``PackedSeqParams.total_tokens`` / ``seq_idx`` are set.
     """
-    mask = _check_mask(attention_mask)
+    mask = require_mask("attention_mask", attention_mask)
     fp8_block(fp8_recipe)
     check_include_total_tokens(include_total_tokens)
     ctx = megatron_context()
-    base = _legacy_base(ctx)
+    base = ctx.default_slot_multiple
     alignment = fp8_alignment(base, fp8_recipe) if use_fp8_padding else Alignment.per_slot(base)
     plan, snapshot = _mask_entry(mask, ctx, alignment)
     packed_seq_params = _packed_seq_params(plan, snapshot, include_total_tokens)
@@ -169,7 +158,7 @@ def _plan_for_mask(packed_seq_params: Any, attention_mask: torch.Tensor) -> Pack
 
 def _legacy_alignments(ctx: ParallelContext) -> list[Alignment]:
     """The paddings ``preprocess_packed_seqs`` can have made: plain, FP8, MXFP8."""
-    base = _legacy_base(ctx)
+    base = ctx.default_slot_multiple
     return [Alignment.per_slot(base), fp8_alignment(base, None), fp8_alignment(base, "mxfp8")]
 
 
@@ -184,7 +173,7 @@ def postprocess_packed_seqs(
     """This rank's ``[1, T/CP, *]`` output -> ``[B, S, *]`` on every CP rank (zeros at padding, dtype kept)."""
     if not post_process:
         return output
-    mask = _check_mask(attention_mask)
+    mask = require_mask("attention_mask", attention_mask)
     if (batch_size, seq_len) != tuple(mask.shape):
         raise ValueError(f"batch_size, seq_len = {(batch_size, seq_len)} must match attention_mask {tuple(mask.shape)}")
     return _plan_for_mask(packed_seq_params, mask).unpack(output, name="output")
@@ -239,7 +228,7 @@ class _Compaction:
 
 def _compaction(attention_mask: torch.Tensor, row_multiple: int) -> tuple[_Compaction, SourceSnapshot]:
     def build() -> _Compaction:
-        plan = plan_from_mask(attention_mask, ParallelContext(), alignment=1)
+        plan = plan_of_checked_mask(attention_mask, ParallelContext(), alignment=1)
         return _Compaction(plan, -(-plan.max_seqlen // row_multiple) * row_multiple)
 
     return _MASK_PLANS.entry(attention_mask, ("compaction", row_multiple), build)
@@ -256,7 +245,7 @@ def preprocess_bshd(
 
     ``L`` is the longest row (rounded up to TP with sequence parallelism). CP must be 1, as in verl.
     """
-    mask = _check_mask(attention_mask)
+    mask = require_mask("attention_mask", attention_mask)
     position_ids = require_tensor("position_ids", position_ids)
     if position_ids.dim() != 2:
         raise ValueError(f"position_ids must be 2-D [B, S], got shape {tuple(position_ids.shape)}")
@@ -284,7 +273,8 @@ def postprocess_bshd(
     """Undo ``preprocess_bshd``: ``[B, L, *]`` -> ``[B, origin_seqlen, *]``, zeros at the original padding."""
     if not post_process:
         return result
-    mask, original = _check_mask(attention_mask), _check_mask(original_attention_mask)
+    mask = require_mask("attention_mask", attention_mask)
+    original = require_mask("original_attention_mask", original_attention_mask)
     if original.shape[1] != origin_seqlen:
         raise ValueError(
             f"origin_seqlen ({origin_seqlen}) must equal original_attention_mask.shape[1] ({original.shape[1]})"
@@ -297,8 +287,8 @@ def postprocess_bshd(
     if record is not None and record[0].matches(original):
         return record[1].from_rows(result)
     # A mask we did not make: both masks must hold the same number of real tokens per row (one sync).
-    source = plan_from_mask(mask, ParallelContext(), alignment=1)
-    target = plan_from_mask(original, ParallelContext(), alignment=1)
+    source = plan_of_checked_mask(mask, ParallelContext(), alignment=1)
+    target = plan_of_checked_mask(original, ParallelContext(), alignment=1)
     if source.batch_size != target.batch_size or not torch.equal(source.seqlens, target.seqlens):
         raise ValueError("attention_mask and original_attention_mask must have the same number of real tokens per row")
     return target.restore([source.pack(result, name="result")])
@@ -446,7 +436,7 @@ def postprocess_bshd_engine(
     """This rank's ``[B, M/CP, *]`` output -> jagged ``[B, j, *]`` of the real tokens on every CP rank."""
     if not post_process:
         return output
-    mask = _check_mask(attention_mask)
+    mask = require_mask("attention_mask", attention_mask)
     output = require_tensor("output", output)
     if tuple(output.shape[:2]) != tuple(mask.shape):
         raise ValueError(

@@ -144,7 +144,7 @@ def engine_thd_alignment(
     fp8_recipe: object = None,
 ) -> Alignment:
     """``preprocess_thd_engine``'s padding (verl 0.9.1; ``fp8_recipe`` as verl adds it) as one ``Alignment``."""
-    base = ctx.tp_size * ctx.cp_size * (2 if cp_layout == "zigzag" and ctx.cp_size > 1 else 1)
+    base = ctx.default_slot_multiple if cp_layout == "zigzag" else ctx.tp_size * ctx.cp_size
     slot_multiple, stream_multiple = base, base
     fp8 = fp8_alignment(base, fp8_recipe)  # the recipe is checked with or without FP8 padding
     if use_fp8_padding:
@@ -166,7 +166,7 @@ def engine_thd_alignment(
 
 def engine_bshd_row_length(ctx: ParallelContext, batch_size: int, max_seqlen: int, use_fp8_padding: bool) -> int:
     """``preprocess_bshd_engine``'s padded row length ``M`` (global, before the CP cut), verl 0.9.1."""
-    align = ctx.tp_size * ctx.cp_size * 2 if ctx.cp_size > 1 else ctx.tp_size
+    align = ctx.default_slot_multiple
     multiple = align
     if use_fp8_padding:
         # FP8 block quantisation: batch_size * M must be a multiple of 128 * TP * CP.

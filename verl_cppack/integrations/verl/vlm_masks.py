@@ -52,7 +52,7 @@ def _aligned(length: int, aligned: bool) -> int:
     if not aligned:
         return length
     ctx = dropins.megatron_context()
-    multiple = ctx.tp_size * ctx.cp_size * 2 if ctx.cp_size > 1 else ctx.tp_size
+    multiple = ctx.default_slot_multiple
     return -(-length // multiple) * multiple
 
 
