@@ -1,4 +1,4 @@
-"""DESIGN §5, by hand: B=2, S=8, CP=2, TP=1; documents [4, 3, 6]. Every number below is hand-computed."""
+"""The worked example of docs/design.md, by hand: B=2, S=8, CP=2, TP=1; documents [4, 3, 6]. Every number below is hand-computed."""
 
 import pytest
 import torch

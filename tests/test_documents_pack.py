@@ -38,10 +38,10 @@ def pack_all_ranks(tokens: torch.Tensor, cp_size: int, tp_size: int = 1, **kwarg
     ]
 
 
-WORKED = torch.tensor([ids("abcEdeE_"), ids("fghijE__")])  # DESIGN §5
+WORKED = torch.tensor([ids("abcEdeE_"), ids("fghijE__")])
 
 
-# ----------------------------------------------------------------------------- the worked example (DESIGN §5)
+# ----------------------------------------------------------------------------- the worked example (docs/design.md)
 def test_worked_example_cp2_zigzag_matches_design_section_5():
     rank0, rank1 = pack_all_ranks(WORKED, cp_size=2)
     for docs in (rank0, rank1):
@@ -74,7 +74,7 @@ def test_worked_example_cp1_is_the_whole_unsliced_stream():
     assert bits(docs.loss_mask) == "1110110111110"
     assert docs.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 5]]
     assert bits(docs.valid_mask) == "1" * 13
-    # with the example's alignment of 4: the whole [1, 16] stream of DESIGN §5
+    # with the example's alignment of 4: the whole [1, 16] stream of the worked example
     (docs,) = pack_all_ranks(WORKED, cp_size=1, alignment=4)
     assert docs.cu_seqlens_padded.tolist() == [0, 4, 8, 16] and docs.max_seqlen == 8
     assert names(docs.tokens) == "a b c E d e E P f g h i j E P P"
@@ -92,7 +92,7 @@ def test_worked_example_contiguous_layout():
     assert names(rank0.labels) == "b c E P e E P g" and bits(rank0.loss_mask) == "11101101"
     assert names(rank1.labels) == "h i j E P P P P" and bits(rank1.loss_mask) == "11110000"
     assert rank1.position_ids.tolist() == [[1, 2, 3, 4, 5, 6, 7, 8]]
-    # with per-document alignment 4 it is DESIGN §5's stream cut in halves: rank0 [0..7], rank1 [8..15]
+    # with per-document alignment 4 it is the worked example's stream cut in halves: rank0 [0..7], rank1 [8..15]
     rank0, rank1 = pack_all_ranks(WORKED, cp_size=2, layout="contiguous", alignment=4)
     assert rank0.cu_seqlens_padded.tolist() == [0, 4, 8, 16]
     assert names(rank0.tokens) == "a b c E d e E P" and names(rank1.tokens) == "f g h i j E P P"
@@ -111,7 +111,7 @@ def test_worked_example_mtp_targets():
     assert names(rank0.mtp_labels[0]) == "c P E P h i P P" and names(rank1.mtp_labels[0]) == "E P P P j E P P"
 
 
-# ----------------------------------------------------------------------------- corner cases (seed 000 §1.11)
+# ----------------------------------------------------------------------------- corner cases (EOD and PAD anywhere)
 @pytest.mark.parametrize(
     "rows, documents",
     [

@@ -19,7 +19,7 @@ from verl_cppack.integrations.megatron_pipeline import (
 from verl_cppack.packing.documents import pack_documents
 
 PAD, EOD = 0, 1
-WORKED = torch.tensor([[10, 11, 12, EOD, 13, 14, EOD, PAD], [15, 16, 17, 18, 19, EOD, PAD, PAD]])  # DESIGN §5
+WORKED = torch.tensor([[10, 11, 12, EOD, 13, 14, EOD, PAD], [15, 16, 17, 18, 19, EOD, PAD, PAD]])  # the worked example
 # 4 rows, 2 micro-batches: rows 0-1 hold documents of lengths 4,3,6 (10 loss tokens); rows 2-3 lengths 2,1,4,4 (7)
 BATCH = torch.cat([WORKED, torch.tensor([[20, EOD, EOD, PAD, 21, 22, 23, 24], [25, 26, 27, 28, PAD, PAD, PAD, PAD]])])
 

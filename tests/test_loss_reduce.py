@@ -17,7 +17,7 @@ from verl_cppack.loss import (
 from verl_cppack.packing.documents import pack_documents
 
 PAD, EOD = 0, 1
-# DESIGN §5's batch: documents "abcE", "deE", "fghijE"
+# The worked example's batch (docs/design.md): documents "abcE", "deE", "fghijE"
 WORKED = torch.tensor([[10, 11, 12, EOD, 13, 14, EOD, PAD], [15, 16, 17, 18, 19, EOD, PAD, PAD]])
 
 

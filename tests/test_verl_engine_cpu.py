@@ -2,7 +2,7 @@
 
 The engine is built exactly as verl's ``TrainingWorker.__init__`` builds it (``EngineRegistry.new`` with
 ``HFModelConfig`` / ``McoreEngineConfig`` / ``McoreOptimizerConfig`` / ``CheckpointConfig``), with the CPU
-settings of ``shared/VERL_ON_CPU.md`` ("Config knobs"), in real gloo processes with ``VERL_PLATFORM=cpu`` set
+settings of docs/design.md ("verl's own trainer on CPU", the config knobs), in real gloo processes with ``VERL_PLATFORM=cpu`` set
 before verl is imported and ``verl_cppack.verl_plugin`` imported (verl_cppack's drop-ins plus the CPU fixes).
 The engine initialises Megatron's parallel state itself (``MegatronEngine._init_device_mesh``).
 

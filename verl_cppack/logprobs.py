@@ -4,7 +4,7 @@ The path verl's actor and reference model take on Megatron: pack the valid token
 stream, keep this CP rank's rows, run the model with THD ``PackedSeqParams``, take log-probs of the
 next token inside the same sequence (the plan's ``shift=1``, on the global stream before the CP cut),
 and all-gather the per-token results back to ``[B, S]`` on every CP rank (gather-back contract: the
-gradient reaches only this rank's rows, DESIGN §2).
+gradient reaches only this rank's rows, docs/design.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``verl-cppack demo``: the worked example of DESIGN §5, packed and cut for every CP rank."""
+"""``verl-cppack demo``: the worked example of docs/design.md, packed and cut for every CP rank."""
 
 from __future__ import annotations
 

@@ -142,7 +142,7 @@ def cpu_overlay(run: CpuRun) -> list[str]:
         f"trainer.default_local_dir={run.output_dir / 'checkpoints'}",
         "trainer.project_name=verl_cppack",
         "trainer.experiment_name=grpo_cpu",
-        # the v1 trainer's TransferQueue: 8 storage units on 2 cores stalled for minutes (VERL_ON_CPU.md)
+        # the v1 trainer's TransferQueue: 8 storage units on 2 cores stalled for minutes (docs/design.md)
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=2",
     ]
 

@@ -1,7 +1,7 @@
 """CP-correct loss reduction over packed streams: token mean, Megatron's per-token-loss contract, document mean.
 
 Every rank holds only its CP chunk of the stream, and chunks hold different numbers of loss tokens
-(DESIGN §5: 5 and 8), so a per-rank mean is wrong. These helpers divide by the *global* count and return
+(the worked example: 5 and 8), so a per-rank mean is wrong. These helpers divide by the *global* count and return
 each rank's differentiable share: shares summed over the reduction group are the global loss, and the
 gradient of a share w.r.t. this rank's per-token losses is exactly that of the global loss.
 """

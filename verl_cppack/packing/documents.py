@@ -73,7 +73,7 @@ class PackedDocuments:
 
     @property
     def max_seqlen(self) -> int:
-        """Longest slot (padded document): what attention gets with the padded ``cu_seqlens`` (DESIGN §5)."""
+        """Longest slot (padded document): what attention gets with the padded ``cu_seqlens`` (the worked example)."""
         return self.plan.max_seqlen_padded
 
     @property

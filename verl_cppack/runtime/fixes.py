@@ -1,7 +1,7 @@
 """The fixes that let verl's own trainer (Megatron engine, Ray workers) run on the host, one named function each.
 
 Each is written for the versions in ``VERSIONS`` and checks its target before it changes it (see ``fix.py``).
-The table in ``shared/VERL_ON_CPU.md`` lists where verl 0.9.1 / Megatron-core 0.16.1 / mbridge 0.15.1 assume
+The table in docs/design.md ("verl's own trainer on CPU") lists where verl 0.9.1 / Megatron-core 0.16.1 / mbridge 0.15.1 assume
 CUDA; the row each fix answers is in its docstring.
 """
 

@@ -11,7 +11,7 @@ this scope, and nothing else runs under it. Inside the scope:
 - ``torch.cuda.current_device()`` returns ``'cpu'`` (it would raise on a CPU build of torch).
 
 Rows 4 (RoPE's ``inv_freq`` moved to ``torch.cuda.current_device()``) and 7 (mbridge ``get_model``'s ``.cuda()``)
-of VERL_ON_CPU.md need no fix of their own: model building and forward/backward run in this scope.
+of docs/design.md's table of CPU fixes need no fix of their own: model building and forward/backward run in this scope.
 """
 
 from __future__ import annotations

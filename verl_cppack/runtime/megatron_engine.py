@@ -2,7 +2,7 @@
 
 The engine is built exactly as verl's ``TrainingWorker.__init__`` builds it (``EngineRegistry.new`` with
 ``HFModelConfig`` / ``McoreEngineConfig`` / ``McoreOptimizerConfig`` / ``CheckpointConfig``) with the CPU
-settings of ``shared/VERL_ON_CPU.md`` ("Config knobs", ``HOST_TRANSFORMER_CONFIG``). Call these functions in a
+settings of docs/design.md ("verl's own trainer on CPU": the config knobs, ``HOST_TRANSFORMER_CONFIG``). Call these functions in a
 process that has set ``VERL_PLATFORM=cpu`` before importing verl, imported ``verl_cppack.verl_plugin`` and
 initialised a ``torch.distributed`` process group; the engine initialises Megatron's parallel state itself
 (``MegatronEngine._init_device_mesh``). verl is imported inside the functions, so importing this module

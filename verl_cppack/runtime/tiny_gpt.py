@@ -1,6 +1,6 @@
 """A tiny Megatron-core ``GPTModel`` that runs forward and backward on CPU (gloo), with CP attention.
 
-Workarounds for CPU, each minimal and needed only without CUDA (DESIGN §4, megatron-core 0.16.1):
+Workarounds for CPU, each minimal and needed only without CUDA (docs/design.md, megatron-core 0.16.1):
 
 1. ``use_cpu_initialization=True``: weights are built on CPU from the default torch generator, so the
    same ``seed`` gives identical weights on every rank whatever the CP size.
