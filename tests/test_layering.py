@@ -184,3 +184,11 @@ def test_no_import_cycles():
     for module in graph:
         if module not in state:
             visit(module)
+
+
+def test_an_old_import_path_readme_showed_names_the_new_one():
+    """``verl_cppack.integrations.megatron_model`` (README once showed its ``build_tiny_gpt``) moved to the runtime."""
+    import importlib
+
+    with pytest.raises(ImportError, match="verl_cppack.runtime.tiny_gpt"):
+        importlib.import_module("verl_cppack.integrations.megatron_model")
