@@ -8,6 +8,7 @@ the same readout of the policy's random trunk cannot. The labels come from the t
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -16,19 +17,12 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from tests.verl_engine_cases import TINY as ENGINE_TINY  # noqa: E402
 from verl_cppack.jobs import counting_reward_model as reward_model  # noqa: E402
 from verl_cppack.jobs.counting_reward import RESPONSE_LENGTH, SYMBOLS, score_response  # noqa: E402
-from verl_cppack.jobs.counting_task import CountingAssets, build_tokenizer, ensure_counting_assets  # noqa: E402
+from verl_cppack.jobs.counting_task import build_tokenizer, ensure_counting_assets  # noqa: E402
 
-TINY = CountingAssets(
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    train_prompts=8,
-    test_prompts=8,
-)
+TINY = replace(ENGINE_TINY, train_prompts=8, test_prompts=8)  # the engine tests' tiny Llama, more data
 QUICK = reward_model.RewardModelTraining()  # the default training, on a smaller model
 
 

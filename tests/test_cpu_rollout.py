@@ -18,6 +18,7 @@ pytest.importorskip("verl")
 
 from verl.workers.config import HFModelConfig, RolloutConfig  # noqa: E402
 
+from tests.tiny_llama import tiny_llama  # noqa: E402
 from verl_cppack.runtime import FixTargetChanged, fixes  # noqa: E402
 from verl_cppack.runtime.rollout.sampling import HFTokenSampler, SamplingSettings  # noqa: E402
 from verl_cppack.runtime.rollout.server import HFRolloutServer, eos_token_ids_of  # noqa: E402
@@ -30,20 +31,7 @@ PROMPT = [3, 4, 5, 6]
 
 
 def _save_tiny_llama(directory, seed: int) -> str:
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        vocab_size=32,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():  # sharper than the 0.02-std init, so samples and greedy choices are not near-uniform
-        model.lm_head.weight.mul_(50.0)
-    model.save_pretrained(directory)
+    tiny_llama(seed).save_pretrained(directory)
     return str(directory)
 
 

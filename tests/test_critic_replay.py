@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,10 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from tests.verl_engine_cases import TINY  # noqa: E402
 from verl_cppack.jobs.counting_reward import RESPONSE_LENGTH, SYMBOLS, score_response  # noqa: E402
 from verl_cppack.jobs.counting_reward_model import encode_batch  # noqa: E402
-from verl_cppack.jobs.counting_task import CountingAssets, build_tokenizer, ensure_counting_assets  # noqa: E402
+from verl_cppack.jobs.counting_task import build_tokenizer, ensure_counting_assets  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "critic_replay.py"
 spec = importlib.util.spec_from_file_location("critic_replay", SCRIPT)
@@ -81,15 +83,7 @@ def test_a_replay_runs_over_a_made_up_dump(tmp_path):
 
     from transformers import LlamaForCausalLM
 
-    tiny = CountingAssets(
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        train_prompts=8,
-        test_prompts=8,
-    )
+    tiny = replace(TINY, train_prompts=8, test_prompts=8)
     trunk = LlamaForCausalLM.from_pretrained(ensure_counting_assets(tiny, root=tmp_path / "assets").model).model
     head = torch.nn.Linear(32, 1, bias=False)
     seen = []

@@ -27,23 +27,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.verl_engine_cases import TINY
 from verl_cppack.cli import main
 from verl_cppack.jobs import ref_logprobs
-from verl_cppack.jobs.counting_task import CountingAssets, ensure_counting_assets
+from verl_cppack.jobs.counting_task import ensure_counting_assets
 from verl_cppack.jobs.ref_logprobs_input import BadInput, load_pairs, synthetic_pairs
 from verl_cppack.runtime.megatron_engine import rollout_tensors
 
 REPO = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5
-TINY = CountingAssets(
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    train_prompts=4,
-    test_prompts=4,
-)
 VOCAB_SIZE = 18  # the counting tokenizer: <pad>, </s>, 16 symbols
 # One-token prompt and response, a full-length pair, a two-token sequence, repeated ids; 5 rows so a micro-batch
 # of 2 leaves a short last one.

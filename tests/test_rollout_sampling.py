@@ -18,6 +18,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from tests.tiny_llama import tiny_llama  # noqa: E402
 from verl_cppack.runtime.rollout.sampling import HFTokenSampler, SamplingSettings, request_seed  # noqa: E402
 
 PROMPT = [3, 4, 5, 6]
@@ -25,20 +26,7 @@ PROMPT = [3, 4, 5, 6]
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=32,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    llama = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():  # sharper than the 0.02-std init, so samples and greedy choices are not near-uniform
-        llama.lm_head.weight.mul_(50.0)
-    return llama.eval()
+    return tiny_llama(seed=0)
 
 
 def test_importing_the_sampler_imports_neither_verl_nor_ray():
