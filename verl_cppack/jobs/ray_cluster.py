@@ -2,8 +2,8 @@
 
 ``ClusterSession.open`` starts a local cluster (the default: ``workers`` logical GPUs, one per worker slot, as the
 CPU platform counts them) or joins the running one at ``--address`` / ``RAY_ADDRESS`` (``HOST:PORT`` or ``auto``)
-without asking Ray for resources. Either way verl's trainer then joins it by its GCS address, so one path serves
-both, and the launcher can:
+without asking Ray for resources. Either way verl's trainer then joins it too (by the local cluster's GCS address,
+or by the user's own address), so one path serves both, and the launcher can:
 
 - refuse a cluster that cannot hold the job before verl starts (``capacity_problem``: worker slots and CPUs
   per node, as verl's placement groups will ask for them) — one line naming what is missing and how to provide
@@ -159,8 +159,8 @@ def capacity_problem(
 class ClusterSession:
     """A connection to the job's Ray cluster (this process is a Ray driver while it is open)."""
 
-    def __init__(self, ray: Any, address: str, started_here: bool, shape: ParallelShape) -> None:
-        self._ray, self.address, self.started_here, self.shape = ray, address, started_here, shape
+    def __init__(self, ray: Any, address: str, started_here: bool) -> None:
+        self._ray, self.address, self.started_here = ray, address, started_here
         self._existing_groups = set(ray.util.placement_group_table())  # made before the trainer: not the job's
         self._pending_since: dict[str, float] = {}  # placement group id -> when first seen pending
         self._job_nodes: set[str] = set()  # nodes hosting the job's bundles
@@ -189,7 +189,7 @@ class ClusterSession:
         except (ConnectionError, RuntimeError, ValueError) as error:
             ray.shutdown()
             raise ClusterUnavailable(f"could not join the Ray cluster at {address}: {error}") from error
-        session = cls(ray, join_address, address is None, shape)
+        session = cls(ray, join_address, address is None)
         try:
             problem = capacity_problem(session.nodes(), ray.available_resources(), shape, address or "this machine")
         except BaseException:
@@ -216,7 +216,7 @@ class ClusterSession:
         """Why the run cannot go on, or ``None``: a node hosting the job's placement groups died, or one of them
         has been pending for ``PENDING_PLACEMENT_TIMEOUT_S``."""
         now = time.monotonic() if now is None else now
-        alive = {node["NodeID"]: node for node in self._ray.nodes() if node["Alive"]}
+        alive = {node["NodeID"] for node in self._ray.nodes() if node["Alive"]}
         for group_id, group in self._ray.util.placement_group_table().items():
             if group_id in self._existing_groups or VERL_PLACEMENT_GROUP_MARK not in group.get("name", ""):
                 continue
@@ -230,7 +230,7 @@ class ClusterSession:
                         f"could not be placed for {waited:.0f} s: the cluster lacks the resources "
                         f"({', '.join(f'{n.address}: {n.slots:g} slots, {n.cpus:g} CPUs' for n in self.nodes())})"
                     )
-        dead = sorted(self._job_nodes - set(alive))
+        dead = sorted(self._job_nodes - alive)
         if dead:
             return f"Ray node(s) {', '.join(node[:12] for node in dead)} running this job's workers died"
         return None
