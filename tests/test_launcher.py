@@ -1,5 +1,6 @@
 """The launcher's promise about verl's trainer process: whatever ends the launcher's wait, the trainer (which runs
-in its own session, out of reach of the terminal's Ctrl-C) is stopped by SIGINT, its clean shutdown path.
+in its own session, out of reach of the terminal's Ctrl-C) is stopped by SIGINT, its clean shutdown path — or, when
+the launcher itself is killed outright, by the kernel's SIGKILL.
 
 A stand-in trainer (a small Python program) plays verl's: it logs one step the way verl's file logger does, then
 waits, and records how it ended.
@@ -21,6 +22,8 @@ STAND_IN = textwrap.dedent(
     """
     import json, os, sys, time
     ended = sys.argv[1]
+    with open(ended + ".pid", "w") as file:
+        file.write(str(os.getpid()))
     with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as log:
         log.write(json.dumps({"step": 1, "data": {"critic/score/mean": 0.25}}) + "\\n")
     if sys.argv[2] == "fail":
@@ -94,13 +97,23 @@ def test_a_trainer_that_fails_is_trainer_failed_with_its_last_lines(tmp_path):
     assert "the stand-in trainer failed" in str(failure.value)
 
 
+def running(process) -> bool:
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
 def test_a_launcher_killed_outright_still_stops_its_trainer(tmp_path):
     """SIGKILL (or a terminal's SIGHUP) gives the launcher no chance to clean up; the trainer, in its own session,
-    is asked to stop by the kernel (parent-death signal SIGINT) instead of training on unattended."""
+    is killed by the kernel (parent-death signal SIGKILL) instead of training on unattended."""
     import subprocess
     import time
 
+    psutil = pytest.importorskip("psutil")
     from tests.interrupts import default_sigint
 
     launcher = textwrap.dedent(
@@ -120,12 +133,15 @@ def test_a_launcher_killed_outright_still_stops_its_trainer(tmp_path):
     )
     try:
         assert process.stdout.readline() == "step\n"
+        trainer = psutil.Process(int((tmp_path / "ended.pid").read_text()))  # a recycled pid is not mistaken for it
+        assert trainer.is_running()
         process.kill()
         process.wait()
         deadline = time.monotonic() + 30
-        while not (tmp_path / "ended").exists() and time.monotonic() < deadline:
+        while running(trainer) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert (tmp_path / "ended").read_text() == "interrupted"
+        assert not running(trainer)
+        assert not (tmp_path / "ended").exists()  # killed, not asked: it recorded nothing
     finally:
         if process.poll() is None:
             process.kill()

@@ -169,8 +169,11 @@ def _trainer_setup() -> Callable[[], None]:
 
     - SIGINT back to its default, so that ``stop_process_group``'s SIGINT shuts verl and Ray down even when this
       command was started with SIGINT ignored (``nohup ... &``);
-    - on Linux, SIGINT when this launcher dies without cleaning up (SIGKILL, SIGHUP from a closed terminal):
-      the trainer runs in its own session, so nothing else would stop it.
+    - on Linux, SIGKILL when this launcher dies without cleaning up (SIGKILL, SIGHUP from a closed terminal): the
+      trainer runs in its own session, so nothing else would stop it. Not SIGINT: the Ray cluster a local run
+      started dies with the launcher, and a driver asked to shut down cleanly then waits on its vanished GCS for
+      Ray's reconnect timeout (60 s). Killed, the driver is what Ray cleans up after: the job's actors and
+      placement groups go with it, on a cluster the run joined as well.
 
     libc is loaded here, in the launcher: the child, between fork and exec, only calls it.
     """
@@ -185,9 +188,9 @@ def _trainer_setup() -> Callable[[], None]:
     def setup() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         if prctl is not None:
-            prctl(PR_SET_PDEATHSIG, int(signal.SIGINT), 0, 0, 0)
+            prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
             if os.getppid() != launcher:  # the launcher died before the request was in place
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGKILL)
 
     return setup
 
