@@ -3,9 +3,9 @@
 verl calls them on every vision-language micro-batch (0.8+): a jagged batch of token ids becomes padded rows and a
 bool mask, built with a Python loop over the rows and a host read per row. Measured at CP=1 (the builders
 communicate nothing; CP only rounds the row length) on the bench's rollout batches: time per call (median of the
-repeats; verl_cppack's plan cache is cleared before each, so every call pays its one host read of the longest
-sequence, which in verl's forward the preceding ``preprocess_thd_engine`` has already paid), ATen ops and host
-syncs.
+repeats, the two implementations' calls alternating; verl_cppack's plan cache is cleared before each, so every
+call pays its one host read of the longest sequence, which in verl's forward the preceding
+``preprocess_thd_engine`` has already paid), ATen ops and host syncs.
 """
 
 from __future__ import annotations
@@ -30,24 +30,25 @@ def _calls(impl: Any, nested: torch.Tensor) -> dict[str, Any]:
     }
 
 
-def _measure(call: Any, reset: Any, repeats: int, warmup: int) -> dict[str, float]:
-    for _ in range(warmup):
-        reset()
-        call()
-    times = []
-    for _ in range(repeats):
-        reset()
-        begin = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - begin)
+def _counted(call: Any, reset: Any) -> dict[str, int]:
     reset()
     with OpCounter() as counter, HostReadCounter() as reads:
         call()
-    return {
-        "ms": statistics.median(times) * 1e3,
-        "aten_ops": counter.total_ops,
-        "host_syncs": counter.syncs() + reads.calls,
-    }
+    return {"aten_ops": counter.total_ops, "host_syncs": counter.syncs() + reads.calls}
+
+
+def _alternating_ms(calls: dict[str, Any], resets: dict[str, Any], repeats: int, warmup: int) -> dict[str, float]:
+    """Median ms per call of each implementation, their calls alternating: both see the same state of the machine
+    and of the allocator (timed one block after the other, the same call here moved by up to 2x between blocks)."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for index in range(warmup + repeats):
+        for name, call in calls.items():
+            resets[name]()
+            begin = time.perf_counter()
+            call()
+            if index >= warmup:
+                times[name].append(time.perf_counter() - begin)
+    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
 def measure_vlm_masks(
@@ -58,13 +59,13 @@ def measure_vlm_masks(
         input_ids[mask], offsets=torch.nn.functional.pad(mask.sum(1).cumsum(0), (1, 0))
     )
     verl_calls, our_calls = _calls(verl_util, nested), _calls(ours, nested)
-    return {
-        builder: {
-            "verl": _measure(verl_calls[builder], lambda: None, repeats, warmup),
-            "verl_cppack": _measure(our_calls[builder], ours.clear_plan_caches, repeats, warmup),
-        }
-        for builder in BUILDERS
-    }
+    resets = {"verl": lambda: None, "verl_cppack": ours.clear_plan_caches}
+    measured = {}
+    for builder in BUILDERS:
+        calls = {"verl": verl_calls[builder], "verl_cppack": our_calls[builder]}
+        ms = _alternating_ms(calls, resets, repeats, warmup)
+        measured[builder] = {name: {"ms": ms[name], **_counted(calls[name], resets[name])} for name in calls}
+    return measured
 
 
 def median_over_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
