@@ -246,7 +246,7 @@ def test_replica_server_actor_generates_and_the_adapter_pushes_weights(model_pat
 
     config = _rollout_config(ignore_eos=True)
     model_config = HFModelConfig(path=model_path, load_tokenizer=False)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         replica = HFReplica(replica_rank=0, config=config, model_config=model_config, gpus_per_node=1)
         asyncio.run(replica.init_hybrid(StandInWorkerGroup([StandInWorker.remote()])))

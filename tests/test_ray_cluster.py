@@ -177,3 +177,28 @@ def test_a_placement_group_verl_cannot_place_is_reported_after_the_timeout():
     finally:
         session.close()
     assert not ray.is_initialized()
+
+
+def test_a_local_cluster_is_started_even_where_ray_start_left_an_address_behind(monkeypatch):
+    """`ray start` records its address in Ray's temp dir and `ray.init()` without an address connects there — to a
+    cluster long dead, or to the user's own cluster with num_cpus refused. The job's local cluster is its own."""
+    ray = pytest.importorskip("ray")
+    import shutil
+    import tempfile
+
+    from verl_cppack.jobs.ray_cluster import ClusterSession
+
+    temp_root = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths live under it
+    try:
+        monkeypatch.setenv("RAY_TMPDIR", temp_root)
+        (Path(temp_root) / "ray").mkdir()
+        (Path(temp_root) / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")  # nothing answers there
+        session = ClusterSession.open(None, ParallelShape(cp=2))
+        try:
+            assert session.started_here and not session.address.endswith(":1")
+            assert ray.cluster_resources()["GPU"] == 2
+        finally:
+            session.close()
+        assert not ray.is_initialized()
+    finally:
+        shutil.rmtree(temp_root, ignore_errors=True)

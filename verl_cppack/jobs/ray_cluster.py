@@ -174,8 +174,9 @@ class ClusterSession:
         if address is not None:
             check_joinable(address)
         try:
-            if address is None:
+            if address is None:  # "local": a new cluster even where `ray start` left its address behind
                 context = ray.init(
+                    address="local",
                     num_cpus=max(LOCAL_CLUSTER_CPUS, CPUS_PER_SLOT * shape.workers + EXTRA_CPUS),
                     num_gpus=shape.workers,
                     include_dashboard=False,
@@ -188,7 +189,8 @@ class ClusterSession:
                 join_address = address
         except (ConnectionError, RuntimeError, ValueError) as error:
             ray.shutdown()
-            raise ClusterUnavailable(f"could not join the Ray cluster at {address}: {error}") from error
+            where = "start a local Ray cluster" if address is None else f"join the Ray cluster at {address}"
+            raise ClusterUnavailable(f"could not {where}: {error}") from error
         session = cls(ray, join_address, address is None)
         try:
             problem = capacity_problem(session.nodes(), ray.available_resources(), shape, address or "this machine")
