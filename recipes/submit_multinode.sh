@@ -6,7 +6,7 @@
 #   other nodes: ray start --address=<head-ip>:6379 --num-gpus=8
 # Then, from a checkout of verl_cppack (or any machine with it installed) that reaches the head's dashboard:
 #   RAY_ADDRESS=http://<head-ip>:8265 NNODES=2 GPUS_PER_NODE=8 TP=2 PP=1 CP=2 DP=4 \
-#   DATA_DIR=/shared/data/gsm8k MODEL_PATH=Qwen/Qwen2.5-3B-Instruct \
+#   DATA_DIR=/nfs/data/gsm8k MODEL_PATH=Qwen/Qwen2.5-3B-Instruct \
 #       bash recipes/submit_multinode.sh gsm8k_grpo_megatron_cp2.sh [extra hydra overrides...]
 #
 # The job's runtime environment carries verl_cppack (`py_modules`: the package is uploaded and put on every worker's
