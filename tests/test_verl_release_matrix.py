@@ -27,6 +27,7 @@ import pytest
 
 from tests.distributed import run_gloo
 from tests.verl_releases import RELEASES, load_util, release_dir
+from verl_cppack.integrations.verl.compare import difference_key
 
 pytest.importorskip("verl")
 pytest.importorskip("megatron.core")
@@ -68,32 +69,6 @@ def _releases(text: str) -> list[str]:
             assert part in RELEASES, f"design.md names release {part!r}, not one of {RELEASES}"
             chosen.append(part)
     return chosen
-
-
-def difference_key(function: str, case: str, where: str, cp_size: int) -> str:
-    """The key under which a finding is listed (``unlisted:...`` for a finding no key covers)."""
-    nested_thd = function in (
-        "postprocess_packed_seqs_no_padding",
-        "postprocess_thd_no_padding",
-        "postprocess_thd_engine",
-    )
-    if where == "verl-raised-trailing_dims":
-        return "crash-trailing-dims"
-    if where == "verl-raised-dtype" and cp_size > 1:
-        return "crash-dtype-cp"
-    if where == "verl-raised-option" and cp_size > 1:
-        return "crash-extended-cp"
-    if where == "verl-raised" and function.endswith("bshd_no_padding") and cp_size > 1:
-        return "bshd-cp"
-    if where == "verl-raised" and cp_size > 1:
-        return "crash-short-cp"
-    if where in ("roll-last-token", "roll-padding", "positions-padding", "positions-roll"):
-        return where
-    if where == "positions-real":
-        return "positions-back-chunk"
-    if nested_thd and where == "dtype" and cp_size > 1:
-        return "nested-float32-cp"
-    return f"unlisted:{where}"
 
 
 # ------------------------------------------------------------------------------------------------ equality
@@ -154,7 +129,7 @@ def test_every_difference_from_each_release_is_an_intended_one(compared):
     for result in compared:
         for (version, cp_size), entry in result.items():
             for function, case, where, detail in entry["findings"]:
-                key = difference_key(function, case, where, cp_size)
+                key = difference_key(function, where, cp_size)
                 seen[version].add(key)
                 if key not in listed[version]:
                     unexplained.append(f"verl {version} CP={cp_size} {function} [{case}] {where}: {detail} (key {key})")

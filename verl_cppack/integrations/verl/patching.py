@@ -18,23 +18,30 @@ function with parameters the drop-in does not know stays verl's, and ``status()[
 ``verl-cppack doctor``) says why. Where releases kept a name but changed what it returns or pads, ``DROPINS``
 holds one variant per behaviour and the first that fits verl's function is taken.
 
+On a verl release the release matrix does not test, and with ``VERL_CPPACK_VERIFY=1``, each drop-in is installed
+inside a ``verification.VerifiedDropIn``: it checks its first calls against verl's function and, on a difference,
+verl's function is put back in every module that bound it (``status()["put_back"]``); once verified, the plain
+drop-in replaces the wrapper. On the tested releases (the default) the drop-ins are bound unwrapped.
+
 The originals are kept (``originals()``) for fallback and A/B runs; ``uninstall`` puts them back everywhere.
 ``VERL_CPPACK_DISABLE=1`` makes ``install`` a no-op.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
 import os
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from verl_cppack.integrations.import_hooks import after_import, cancel
-from verl_cppack.integrations.verl import dropins, release_names, vlm_masks
+from verl_cppack.integrations.verl import dropins, release_names, verification, vlm_masks
 from verl_cppack.integrations.verl.call_counts import counted
 from verl_cppack.integrations.verl.signatures import VerlFunction, incompatibility
 
@@ -107,6 +114,10 @@ class PatchState:
     left_to_verl: dict[str, str] = field(default_factory=dict)  # verl name -> why its drop-in does not stand in
     covered: dict[str, list[str]] = field(default_factory=dict)  # module name -> drop-in names it holds
     patched: set[str] = field(default_factory=set)  # modules where install replaced an original
+    release: str | None = None  # verl's version, read beside util once util is loaded
+    verifying: bool = False  # the drop-ins were installed inside a VerifiedDropIn
+    checks: dict[str, verification.VerifiedDropIn] = field(default_factory=dict)  # verl name -> its check
+    put_back: dict[str, str] = field(default_factory=dict)  # verl name -> the difference that put verl's back
 
 
 _STATE = PatchState()
@@ -159,6 +170,24 @@ def plan_replacements(functions: Mapping[str, VerlFunction]) -> tuple[dict[str, 
     return chosen, left
 
 
+def release_of(util: ModuleType) -> str | None:
+    """verl's version as its package states it (``verl/version/version``, what ``verl.__version__`` reads), read
+    beside util's file without importing ``verl`` (its ``__init__`` may still be running); else the installed
+    distribution's version; None when neither is there."""
+    util_file = getattr(util, "__file__", None)
+    if util_file:
+        try:
+            text = (Path(util_file).resolve().parents[2] / "version" / "version").read_text().strip()
+        except (OSError, IndexError):
+            text = ""
+        if text:
+            return text
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def util_functions(util: ModuleType) -> dict[str, VerlFunction]:
     """The functions util defines under a ``DROPINS`` name (a name imported into util from elsewhere counts too)."""
     return {name: VerlFunction.of(value) for name, value in vars(util).items() if name in DROPINS and callable(value)}
@@ -173,10 +202,55 @@ def _patch_util(util: ModuleType) -> None:
             namespace, functions = vars(util), util_functions(util)
             _STATE.generation = detect_generation(functions)
             chosen, _STATE.left_to_verl = plan_replacements(functions)
-            # counted only when asked (call_counts); the signature was checked on the drop-in itself
-            _STATE.replacements = {name: counted(name, dropin.function) for name, dropin in chosen.items()}
-            _STATE.originals = {name: namespace[name] for name in _STATE.replacements}
+            _STATE.release = release_of(util)
+            _STATE.verifying = verification.wanted(_STATE.release)
+            _STATE.originals = {name: namespace[name] for name in chosen}
+            for name, dropin in chosen.items():
+                # counted only when asked (call_counts); the signature was checked on the drop-in itself
+                plain = counted(name, dropin.function)
+                if _STATE.verifying:
+                    check = verification.VerifiedDropIn(
+                        name, namespace[name], plain, _STATE.release, on_put_back=_put_back, on_step_aside=_rebind
+                    )
+                    _STATE.checks[name] = check
+                    _STATE.replacements[name] = check.function
+                else:
+                    _STATE.replacements[name] = plain
         _patch_loaded_modules()
+
+
+def _swap(name: str, old: Callable[..., Any], new: Callable[..., Any]) -> None:
+    """Bind ``new`` instead of ``old`` under ``name`` in every loaded module that holds ``old``."""
+    for module_name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None) if module is not None else None
+        if isinstance(namespace, dict) and not _own(module_name) and namespace.get(name) is old:
+            namespace[name] = new
+
+
+def _put_back(name: str, reason: str) -> None:
+    """verl's own function under ``name`` again, everywhere and for every later import (a verification found a
+    difference)."""
+    with _LOCK:
+        replacement, original = _STATE.replacements.pop(name, None), _STATE.originals.pop(name, None)
+        if replacement is None or original is None:
+            return
+        _swap(name, replacement, original)
+        _STATE.put_back[name] = reason
+        for module_name, names in list(_STATE.covered.items()):
+            if name in names:
+                names.remove(name)
+                if not names:
+                    del _STATE.covered[module_name]
+
+
+def _rebind(name: str, function: Callable[..., Any]) -> None:
+    """``function`` (the plain drop-in) instead of the verifying wrapper, everywhere (the drop-in was verified)."""
+    with _LOCK:
+        replacement = _STATE.replacements.get(name)
+        if replacement is None:
+            return
+        _swap(name, replacement, function)
+        _STATE.replacements[name] = function
 
 
 def _own(module_name: str) -> bool:
@@ -244,6 +318,7 @@ def uninstall() -> None:
         _STATE.originals, _STATE.replacements, _STATE.covered, _STATE.patched = {}, {}, {}, set()
         _STATE.left_to_verl = {}
         _STATE.generation = None
+        _STATE.release, _STATE.verifying, _STATE.checks, _STATE.put_back = None, False, {}, {}
         dropins.clear_plan_caches()
 
 
@@ -257,8 +332,9 @@ def originals() -> dict[str, Callable[..., Any]]:
 
 
 def status() -> dict[str, Any]:
-    """What ``install`` did: installed, the verl API generation, the modules (and names) patched, and the verl
-    functions left to verl (name -> why the drop-in does not stand in)."""
+    """What ``install`` did: installed, the verl API generation and release, the modules (and names) patched, the
+    verl functions left to verl (name -> why the drop-in does not stand in), whether the drop-ins verify
+    themselves, those put back after a difference (name -> the first difference) and each check's state."""
     with _LOCK:
         if _STATE.installed and _STATE.originals:
             _patch_loaded_modules()  # modules that imported the drop-ins from util after install
@@ -269,4 +345,8 @@ def status() -> dict[str, Any]:
             "covered": {name: list(names) for name, names in sorted(_STATE.covered.items())},
             "left_to_verl": dict(sorted(_STATE.left_to_verl.items())),
             "disabled_by_env": disabled_by_env(),
+            "release": _STATE.release,
+            "verifying": _STATE.verifying,
+            "put_back": dict(sorted(_STATE.put_back.items())),
+            "verification": {name: check.state() for name, check in sorted(_STATE.checks.items())},
         }

@@ -1,0 +1,341 @@
+"""Where a drop-in's results differ from verl's own function's, and which of those differences are intended.
+
+One comparison for two users: the release matrix (``tests/test_verl_release_matrix.py``: every tested release side
+by side with its drop-ins on random batches) and behaviour verification at run time (``verification``: a drop-in
+checks itself against verl's function on its first real calls). Both record ``Finding``s, name each with
+``difference_key`` and excuse exactly the keys ``INTENDED_DIFFERENCES`` lists for the release (docs/design.md,
+"Intended differences", holds the same table; a test keeps the two equal).
+
+Where a finding is:
+
+- ``values`` / ``dtype`` / ``shape`` / ``type`` / ``grad`` / ``params.<field>``: anywhere, per output;
+- ``roll-last-token``: with ``need_roll``, the positions holding each sequence's last real token (whose target is
+  the wrapped one); ``roll-padding``: with ``need_roll``, padding positions;
+- ``positions-real`` / ``positions-padding`` / ``positions-roll``: returned position ids at real tokens, at
+  padding, and any position id with ``need_roll``;
+- ``verl-raised`` (``verl-raised-<feature>`` when verl succeeds without that feature of the case) where verl fails
+  and ours does not; ``ours-raised`` the other way.
+
+Which positions are real tokens, padding or last tokens is read from verl's own function applied to marker inputs
+(ones, or ones at each sequence's last token), never from the drop-in under comparison.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Every verl release the release matrix holds the drop-ins to (oldest first).
+TESTED_RELEASES = ("0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1")
+
+# difference key -> the releases it is intended for ("all", versions and ranges "a–b" with an en dash); the same
+# rows as docs/design.md's table, in its order.
+INTENDED_DIFFERENCES: dict[str, str] = {
+    "roll-last-token": "0.7.0–0.9.1",
+    "roll-padding": "0.7.0–0.9.1",
+    "positions-padding": "0.7.1–0.9.1",
+    "positions-back-chunk": "0.7.1",
+    "positions-roll": "0.7.1–0.9.1",
+    "nested-float32-cp": "0.6.1–0.9.0",
+    "crash-short-cp": "0.6.1–0.7.1",
+    "crash-extended-cp": "0.7.0–0.9.0",
+    "crash-dtype-cp": "0.6.1",
+    "crash-trailing-dims": "0.7.0–0.8.0",
+    "bshd-cp": "0.7.0–0.7.1",
+    "integer-masks": "all",
+    "unaligned-stream": "0.9.0–0.9.1",
+    "empty-batch": "all",
+    "vlm-bad-sizes": "0.8.0–0.9.1",
+    "dynamic-cp-getter": "0.8.0–0.9.1",
+    "npu": "0.8.0–0.9.1",
+}
+
+PSP_FIELDS = (
+    "qkv_format",
+    "cu_seqlens_q",
+    "cu_seqlens_kv",
+    "cu_seqlens_q_padded",
+    "cu_seqlens_kv_padded",
+    "max_seqlen_q",
+    "max_seqlen_kv",
+    "local_cp_size",
+    "cp_group",
+)
+
+# verl names by how their results are compared
+NESTED_THD_PRE = frozenset({"preprocess_thd_engine", "preprocess_thd_no_padding", "preprocess_packed_seqs_no_padding"})
+NESTED_THD_POST = frozenset(
+    {"postprocess_thd_engine", "postprocess_thd_no_padding", "postprocess_packed_seqs_no_padding"}
+)
+NESTED_BSHD_PRE = frozenset({"preprocess_bshd_engine", "preprocess_bshd_no_padding"})
+MASKED = frozenset(  # functions whose (original_)attention_mask selects tokens: the integer-masks difference
+    {
+        "preprocess_packed_seqs",
+        "postprocess_packed_seqs",
+        "postprocess_packed_seqs_for_dict_output",
+        "preprocess_bshd",
+        "postprocess_bshd",
+        "remove_left_padding",
+        "recover_left_padding",
+    }
+)
+
+
+def releases_of(spec: str) -> tuple[str, ...]:
+    """``"all"``, ``"0.7.1"``, ``"0.7.0–0.9.1"`` or a comma-separated list of those, over ``TESTED_RELEASES``."""
+    if spec.strip() == "all":
+        return TESTED_RELEASES
+    chosen: list[str] = []
+    for part in (p.strip() for p in spec.split(",")):
+        first, _, last = part.partition("–")
+        last = last or first
+        if first not in TESTED_RELEASES or last not in TESTED_RELEASES:
+            raise ValueError(f"release {part!r} is not one of the tested releases {TESTED_RELEASES}")
+        chosen += TESTED_RELEASES[TESTED_RELEASES.index(first) : TESTED_RELEASES.index(last) + 1]
+    return tuple(chosen)
+
+
+def intended_keys(release: str | None) -> frozenset[str]:
+    """The difference keys intended for ``release``; for a release the matrix does not test (or an unknown one),
+    those of the newest tested release: what our functions mean to do differently, nothing an older verl did."""
+    if release not in TESTED_RELEASES:
+        release = TESTED_RELEASES[-1]
+    return frozenset(key for key, spec in INTENDED_DIFFERENCES.items() if release in releases_of(spec))
+
+
+def difference_key(function: str, where: str, cp_size: int) -> str:
+    """The key under which a finding is listed (``unlisted:<where>`` for a finding no key covers)."""
+    if where == "verl-raised-trailing_dims":
+        return "crash-trailing-dims"
+    if where == "verl-raised-dtype" and cp_size > 1:
+        return "crash-dtype-cp"
+    if where == "verl-raised-option" and cp_size > 1:
+        return "crash-extended-cp"
+    if where == "verl-raised" and function.endswith("bshd_no_padding") and cp_size > 1:
+        return "bshd-cp"
+    if where == "verl-raised" and cp_size > 1:
+        return "crash-short-cp"
+    if where in ("roll-last-token", "roll-padding", "positions-padding", "positions-roll"):
+        return where
+    if where == "positions-real":
+        return "positions-back-chunk"
+    if function in NESTED_THD_POST and where == "dtype" and cp_size > 1:
+        return "nested-float32-cp"
+    return f"unlisted:{where}"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One comparison that was not equal: ``function`` of the release, the ``case`` (options, tensor), ``where``."""
+
+    function: str
+    case: str
+    where: str
+    detail: str = ""
+
+    def describe(self) -> str:
+        text = f"{self.where} [{self.case}]" if self.case else self.where
+        return f"{text}: {self.detail}" if self.detail else text
+
+
+def _short(x: torch.Tensor, limit: int = 8) -> str:
+    flat = x.detach().reshape(-1)
+    values = flat[:limit].tolist()
+    return f"{values}{'...' if flat.numel() > limit else ''}"
+
+
+class Comparison:
+    """Collects the findings of one comparison (and how many results of each function were compared)."""
+
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self.compared: dict[str, int] = {}
+
+    def count(self, function: str) -> None:
+        self.compared[function] = self.compared.get(function, 0) + 1
+
+    def add(self, function: str, case: str, where: str, detail: str = "") -> None:
+        self.findings.append(Finding(function, case, where, detail))
+
+    def tensors(
+        self,
+        function: str,
+        case: str,
+        theirs: Any,
+        ours: Any,
+        regions: Mapping[str, torch.Tensor] | None = None,
+        prefix: str = "",
+    ) -> None:
+        """Equal type, dtype, shape and values; a mismatch of values is reported per region (bool masks over the
+        leading positions of both tensors, named) or as ``values``."""
+        if isinstance(theirs, torch.Tensor) and theirs.is_nested:
+            if not (isinstance(ours, torch.Tensor) and ours.is_nested):
+                self.add(function, case, f"{prefix}type", "verl nested, ours not")
+                return
+            if theirs.dtype != ours.dtype:
+                self.add(function, case, f"{prefix}dtype", f"verl {theirs.dtype}, ours {ours.dtype}")
+            theirs_parts, ours_parts = theirs.unbind(), ours.unbind()
+            if len(theirs_parts) != len(ours_parts):
+                self.add(function, case, f"{prefix}shape", f"verl {len(theirs_parts)} rows, ours {len(ours_parts)}")
+                return
+            for index, (a, b) in enumerate(zip(theirs_parts, ours_parts)):
+                if a.shape != b.shape or not torch.equal(a.to(b.dtype), b):
+                    self.add(function, case, f"{prefix}values", f"row {index}: verl {_short(a)}, ours {_short(b)}")
+                    return
+            return
+        if not isinstance(ours, torch.Tensor) or not isinstance(theirs, torch.Tensor):
+            if isinstance(ours, torch.Tensor) or isinstance(theirs, torch.Tensor):
+                self.add(function, case, f"{prefix}type", f"verl {type(theirs).__name__}, ours {type(ours).__name__}")
+            elif ours is not theirs and ours != theirs:
+                self.add(function, case, f"{prefix}values", f"verl {theirs!r}, ours {ours!r}")
+            return
+        if theirs.dtype != ours.dtype:
+            self.add(function, case, f"{prefix}dtype", f"verl {theirs.dtype}, ours {ours.dtype}")
+        if theirs.shape != ours.shape:
+            self.add(function, case, f"{prefix}shape", f"verl {tuple(theirs.shape)}, ours {tuple(ours.shape)}")
+            return
+        if theirs.device != ours.device:
+            self.add(function, case, f"{prefix}device", f"verl {theirs.device}, ours {ours.device}")
+            return
+        differs = theirs.to(ours.dtype) != ours
+        if not differs.any():
+            return
+        detail = f"verl {_short(theirs)}, ours {_short(ours)}"
+        region_dims = next(iter(regions.values())).dim() if regions else 1
+        while differs.dim() > region_dims:
+            differs = differs.any(dim=-1)
+        if not regions:
+            self.add(function, case, f"{prefix}values", detail)
+            return
+        explained = torch.zeros_like(differs)
+        for region, selected in regions.items():
+            selected = selected.to(differs.device)
+            if (differs & selected).any():
+                self.add(function, case, region)
+            explained |= selected
+        if (differs & ~explained).any():
+            self.add(function, case, f"{prefix}values", detail)
+
+    def params(self, function: str, case: str, theirs: Any, ours: Any) -> None:
+        """The ``PackedSeqParams`` fields either has, compared as tensors (``params.<field>:values``...)."""
+        for name in PSP_FIELDS:
+            if hasattr(theirs, name) or hasattr(ours, name):
+                self.tensors(
+                    function, case, getattr(theirs, name, None), getattr(ours, name, None), prefix=f"params.{name}:"
+                )
+
+
+def accepts(function: Callable, name: str) -> bool:
+    return name in inspect.signature(function).parameters
+
+
+# ------------------------------------------------------------------------------------------------ markers
+def last_token_marker(nested: torch.Tensor) -> torch.Tensor:
+    """Nested ``[B, j]`` long: 1 at each sequence's last token, else 0."""
+    offsets = nested.offsets()
+    marker = torch.zeros(nested.values().shape[0], dtype=torch.long, device=offsets.device)
+    marker[offsets[1:][offsets.diff() > 0] - 1] = 1
+    return torch.nested.nested_tensor_from_jagged(marker, offsets=offsets)
+
+
+def ones_like_nested(nested: torch.Tensor) -> torch.Tensor:
+    """Nested ``[B, j]`` long ones with ``nested``'s offsets."""
+    offsets = nested.offsets()
+    ones = torch.ones(nested.values().shape[0], dtype=torch.long, device=offsets.device)
+    return torch.nested.nested_tensor_from_jagged(ones, offsets=offsets)
+
+
+# ------------------------------------------------------------------------------------------------ one call
+def _is_params(value: Any) -> bool:
+    return hasattr(value, "cu_seqlens_q") and hasattr(value, "qkv_format")
+
+
+def _parts(c: Comparison, function: str, case: str, theirs: Any, ours: Any, regions: Mapping[int, Any]) -> None:
+    """Compare two results part by part (tuples by index, dicts by key, ``PackedSeqParams`` by field)."""
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        if sorted(theirs) != sorted(ours):
+            c.add(function, case, "keys", f"verl {sorted(theirs)}, ours {sorted(ours)}")
+            return
+        for key in theirs:
+            c.tensors(function, case, theirs[key], ours[key], prefix=f"{key}:")
+        return
+    if isinstance(theirs, (tuple, list)) and isinstance(ours, (tuple, list)):
+        if len(theirs) != len(ours):
+            c.add(function, case, "arity", f"verl returns {len(theirs)} values, ours {len(ours)}")
+            return
+        for index, (a, b) in enumerate(zip(theirs, ours)):
+            rule = regions.get(index)
+            if _is_params(a) or _is_params(b):
+                c.params(function, case, a, b)
+            elif rule == "positions-roll":
+                if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape:
+                    if not torch.equal(a.to(b.dtype), b):
+                        c.add(function, case, "positions-roll")
+                else:
+                    c.tensors(function, case, a, b, prefix=f"{index}:")
+            elif isinstance(rule, dict):
+                c.tensors(function, case, a, b, regions=rule, prefix=f"{index}:")
+            else:
+                c.tensors(function, case, a, b, prefix=f"{index}:")
+        return
+    c.tensors(function, case, theirs, ours)
+
+
+def _marker_call(verl: Callable, bound: inspect.BoundArguments, marker: torch.Tensor) -> Any:
+    arguments = dict(bound.arguments)
+    arguments["input_ids"] = marker
+    for flag, value in (("need_roll", False), ("pre_process", True)):
+        if flag in arguments:
+            arguments[flag] = value
+    return verl(**arguments)
+
+
+def _regions(function: str, verl: Callable, bound: inspect.BoundArguments, theirs: Any) -> dict[int, Any]:
+    """Per result index: the intended-difference regions of that part (read from verl's function on markers)."""
+    arguments = bound.arguments
+    input_ids = arguments.get("input_ids")
+    if not isinstance(input_ids, torch.Tensor) or not input_ids.is_nested or arguments.get("pre_process") is False:
+        return {}
+    rolled = bool(arguments.get("need_roll", False))
+    if function in NESTED_THD_PRE:
+        real = _marker_call(verl, bound, ones_like_nested(input_ids))[0][0] == 1  # [T_local] real tokens
+        regions: dict[int, Any] = {}
+        if rolled:
+            last = _marker_call(verl, bound, last_token_marker(input_ids))[0][0] == 1
+            regions[0] = {"roll-last-token": last[None], "roll-padding": ~real[None]}
+        if isinstance(theirs, tuple) and len(theirs) > 2:
+            regions[2] = (
+                "positions-roll" if rolled else {"positions-real": real[None], "positions-padding": ~real[None]}
+            )
+        return regions
+    if function in NESTED_BSHD_PRE and rolled:
+        marker = _marker_call(verl, bound, last_token_marker(input_ids))
+        real, last = marker[1].bool(), marker[0] == 1  # [B, L] verl's mask; its packing of the marker
+        return {0: {"roll-last-token": last, "roll-padding": ~real}}
+    return {}
+
+
+def compare_call(function: str, verl: Callable, bound: inspect.BoundArguments, theirs: Any, ours: Any) -> list[Finding]:
+    """Where ``ours`` (the drop-in's result) differs from ``theirs`` (verl's ``verl`` on the same ``bound``
+    arguments), the regions of intended differences named as the release matrix names them. ``verl`` may be
+    called again on marker inputs (the nested preprocess functions)."""
+    c = Comparison()
+    with torch.no_grad():
+        regions = _regions(function, verl, bound, theirs)
+    _parts(c, function, "", theirs, ours, regions)
+    return c.findings
+
+
+def integer_mask(function: str, bound: inspect.BoundArguments) -> bool:
+    """Whether the call passes an integer attention mask to a function that indexes with it (verl then indexes
+    positions 0 and 1: the intended difference ``integer-masks``, nothing to verify against)."""
+    if function not in MASKED:
+        return False
+    return any(
+        isinstance(bound.arguments.get(name), torch.Tensor) and bound.arguments[name].dtype != torch.bool
+        for name in ("attention_mask", "original_attention_mask")
+    )
