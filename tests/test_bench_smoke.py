@@ -1,13 +1,14 @@
-"""`verl-cppack bench` smoke run: it runs verl and verl_cppack in a real CP group and writes its report.
+"""`verl-cppack bench` smoke run: it runs verl, verl_cppack and the floor in a real CP group and writes its report.
 
-Only counts are asserted (never times): verl_cppack makes one host sync per micro-batch and the same ATen
-op count for every B, while verl's op count grows with B.
+Only counts and values are asserted (never times): verl_cppack makes one host sync per micro-batch and the same
+ATen op count for B=8 and B=32, verl's op count grows with B, and the floors move exactly the bytes verl's own
+functions move. The tests that start gloo processes are marked slow; the rest run in the fast lane.
 """
 
 import pytest
 import torch
 
-from verl_cppack.bench.measure import BenchSettings, run_benchmark
+from verl_cppack.bench.measure import median_over_runs, run_benchmark
 from verl_cppack.bench.report import (
     SECTION_BEGIN,
     SECTION_END,
@@ -15,18 +16,21 @@ from verl_cppack.bench.report import (
     update_generated_section,
     write_outputs,
 )
+from verl_cppack.bench.settings import BenchSettings
 
-pytest.importorskip("verl")
-pytest.importorskip("megatron.core")
 
-pytestmark = pytest.mark.slow  # the benchmark in gloo processes
+def _needs_verl_and_megatron():
+    pytest.importorskip("verl")
+    pytest.importorskip("megatron.core")
 
 
 @pytest.fixture(scope="module")
 def rows():
+    _needs_verl_and_megatron()
     return run_benchmark(BenchSettings(batch_sizes=(8, 32), seq_lens=(64,), cp_sizes=(2,), repeats=1, runs=2, warmup=1))
 
 
+@pytest.mark.slow  # gloo processes
 def test_counts(rows):
     assert [row["batch_size"] for row in rows] == [8, 32]
     assert all(row["runs"] == 2 for row in rows)
@@ -34,23 +38,74 @@ def test_counts(rows):
     assert rows[0]["verl_cppack"]["aten_ops"] == rows[1]["verl_cppack"]["aten_ops"]
     assert rows[0]["verl"]["aten_ops"] < rows[1]["verl"]["aten_ops"]
     for row in rows:
-        assert row["padding_overhead"]["default"] >= 1.0
-        assert row["load_balance"]["zigzag"] >= 1.0
+        assert row["floor"]["host_syncs"] == 0
+        assert row["floor"]["ops"]["aten.index_select"] == 5  # three packed tensors, two outputs
+        assert sum(n for op, n in row["floor"]["ops"].items() if op.startswith("c10d.")) == 2  # two all-gathers
+        assert row["floor"]["preprocess_ms"] > 0 and row["floor"]["all_gathers_ms"] > 0
 
 
+@pytest.mark.slow  # gloo processes
 def test_report_files_and_readme_section(rows, tmp_path):
-    paths = write_outputs(rows, BenchSettings(repeats=1), tmp_path)
-    assert paths["table"].read_text().count("\n") == 2 + len(rows)
+    paths = write_outputs(rows, BenchSettings(repeats=1), tmp_path, {"load_before": 0.5, "load_after": 1.5})
+    table = paths["table"].read_text()
+    assert "| 64 | 2 | 8 |" in table and "| 64 | 2 | 32 |" in table
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n{SECTION_BEGIN}\nold\n{SECTION_END}\ntail\n")
-    update_generated_section(readme, performance_section(rows, BenchSettings(repeats=1), None))
+    section = performance_section(rows, BenchSettings(repeats=1), None, {"load_before": 0.5, "load_after": 1.5})
+    update_generated_section(readme, section)
     text = readme.read_text()
     assert "old" not in text and text.endswith(f"{SECTION_END}\ntail\n") and "| 64 | 2 | 8 |" in text
+    assert "new batch" in text and "0.5 at the start, 1.5 at the end" in text
 
 
+def _floors_against_verl(rank, world_size):
+    """On every rank: the floors' packed ids and gathered outputs against verl's own functions, on one batch."""
+    from megatron.core import parallel_state
+    from verl.models.mcore import util as verl_util
+
+    from verl_cppack.bench.batches import micro_batch
+    from verl_cppack.bench.floors import floor_index, postprocess_floor, preprocess_floor
+
+    parallel_state.initialize_model_parallel(context_parallel_size=world_size)
+    try:
+        batch = micro_batch(5, 40, seed=3)
+        mask = batch.attention_mask
+        index = floor_index(verl_util, mask, world_size, rank)
+        verl_ids, params = verl_util.preprocess_packed_seqs(batch.input_ids, mask, pre_process=True)
+        floor_ids = preprocess_floor(batch, index)
+        real_slots = verl_util.preprocess_packed_seqs(mask.long(), mask, pre_process=True)[0].bool()  # [1, T_local]
+        output = torch.randn(verl_ids.shape, generator=torch.Generator().manual_seed(rank))
+        verl_full = verl_util.postprocess_packed_seqs(output, params, mask, *mask.shape)
+        (floor_full,) = postprocess_floor(
+            (output,), index, tuple(mask.shape), parallel_state.get_context_parallel_group()
+        )
+        on_mask = torch.equal(floor_full[mask], verl_full[mask])
+        return {
+            "shape": floor_ids.shape == verl_ids.shape,
+            "packed": torch.equal(floor_ids[real_slots], verl_ids[real_slots]),
+            "gathered": on_mask and (world_size == 1 or torch.equal(floor_full, verl_full)),
+        }
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+@pytest.mark.slow  # gloo processes
+@pytest.mark.parametrize("cp_size", [1, 2])
+def test_the_floors_move_the_bytes_verl_moves(cp_size):
+    """The floor's packed ids equal verl's on every real slot (its padding slots read any element), and its
+    postprocess output equals verl's ``[B, S]`` on the mask, and at CP=2 exactly (zeros off the mask included)."""
+    _needs_verl_and_megatron()
+    from verl_cppack.runtime.gloo_world import run_world
+
+    for result in run_world(_floors_against_verl, cp_size):
+        assert result == {"shape": True, "packed": True, "gathered": True}
+
+
+@pytest.mark.slow  # gloo processes
 def test_the_vlm_mask_builders_are_measured_at_cp_1():
     """At CP=1 each point also times verl's VLM mask builders against the drop-ins: verl_cppack's ATen ops do not
     grow with B and it reads the host once per call; verl's reads grow with B. Its table follows the main one."""
+    _needs_verl_and_megatron()
     vlm_rows = run_benchmark(
         BenchSettings(batch_sizes=(8, 32), seq_lens=(64,), cp_sizes=(1,), repeats=1, runs=2, warmup=0)
     )
@@ -64,33 +119,53 @@ def test_the_vlm_mask_builders_are_measured_at_cp_1():
 
 
 def test_times_of_several_runs_are_their_medians_and_counts_come_from_the_first():
-    from verl_cppack.bench.measure import _median_over_runs
-
     def run(scale):
         times = {"preprocess_ms": 1.0 * scale, "postprocess_ms": 2.0 * scale, "step_ms": 3.0 * scale, "aten_ops": 51}
         return {
             "batch_size": 8,
             "verl": dict(times),
             "verl_cppack": dict(times),
-            "preprocess_copies_ms": scale,
-            "pack_over_index_select": scale,
+            "floor": {**times, "all_gathers_ms": scale},
         }
 
     slower_verl = run(4.0)
     slower_verl["verl"]["preprocess_ms"] = 12.0
-    row = _median_over_runs((run(1.0), slower_verl, run(2.0)))
+    row = median_over_runs((run(1.0), slower_verl, run(2.0)))
     assert row["runs"] == 3 and row["verl"]["preprocess_ms"] == 2.0 and row["verl_cppack"]["step_ms"] == 6.0
-    assert row["preprocess_ratio_by_run"] == [1.0, 3.0, 1.0]  # each run's own verl / verl_cppack
-    assert row["preprocess_copies_ms"] == 2.0 and row["pack_over_index_select"] == 2.0
+    assert row["ratio_by_run"]["preprocess"] == [1.0, 3.0, 1.0]  # each run's own verl / verl_cppack
+    assert row["ratio_by_run"]["postprocess"] == [1.0, 1.0, 1.0]
+    assert row["floor"]["all_gathers_ms"] == 2.0 and row["floor"]["preprocess_ms"] == 2.0
     assert row["verl"]["aten_ops"] == 51
 
 
-def test_bad_device_settings_are_refused_before_any_process_starts():
+def test_every_micro_batch_is_a_new_batch_with_new_lengths():
+    """No two micro-batches of a point share a tensor or, here, their lengths; a clone shares values, not storage."""
+    from verl_cppack.bench.batches import batch_seed, micro_batch
+
+    batches = [micro_batch(4, 64, seed=batch_seed(4, 64, index)) for index in range(3)]
+    lengths = [tuple(batch.attention_mask.sum(1).tolist()) for batch in batches]
+    assert len(set(lengths)) == 3
+    clone = batches[0].clone()
+    for original, copied in zip(batches[0].tensors, clone.tensors):
+        assert torch.equal(original, copied) and original.data_ptr() != copied.data_ptr()
+    assert torch.equal(batches[0].labels[:, :-1], batches[0].input_ids[:, 1:])
+    assert not (batches[0].label_mask & ~batches[0].attention_mask).any()
+
+
+def test_bad_settings_are_refused_before_any_process_starts():
     with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
         BenchSettings(device="tpu").check()
+    with pytest.raises(ValueError, match="threads must be an int >= 1, got 0"):
+        BenchSettings(threads=0).check()
     if torch.cuda.device_count() < 4:
         with pytest.raises(ValueError, match="one GPU per CP rank"):
             BenchSettings(device="cuda").check()
+
+
+def test_the_default_grid_is_the_batch_sizes_cp_users_run():
+    settings = BenchSettings()
+    assert settings.batch_sizes == (1, 4, 16, 64, 256)
+    assert settings.seq_lens == (1024, 4096, 8192) and settings.cp_sizes == (1, 2, 4) and settings.runs == 5
 
 
 def test_the_bench_can_keep_freed_host_memory_on_glibc():
@@ -103,32 +178,41 @@ def test_the_bench_can_keep_freed_host_memory_on_glibc():
     assert keep_freed_memory() is True
 
 
-def test_cli_runs_the_sizes_it_is_given_and_refuses_bad_lists(tmp_path, capsys):
-    """`--batch-sizes/--seq-lens/--cp-sizes` pick the grid (one GPU can run `--cp-sizes 1`); a bad list, a negative
-    warm-up or no run is an error before any process starts."""
-    from verl_cppack.cli import main
+def test_cli_refuses_bad_lists_before_any_process_starts(capsys, monkeypatch):
+    from verl_cppack.cli import bench, main
 
+    monkeypatch.setattr(bench, "run_benchmark", lambda settings: pytest.fail("measured before checking its input"))
     assert main(["bench", "--cp-sizes", "1,two"]) == 2
     assert "comma-separated integers" in capsys.readouterr().err
     assert main(["bench", "--seq-lens", "0"]) == 2
     assert "positive ints" in capsys.readouterr().err
     assert main(["bench", "--warmup", "-1"]) == 2
-    assert "warmup must be >= 0, got -1" in capsys.readouterr().err
+    assert "warmup must be an int >= 0, got -1" in capsys.readouterr().err
     assert main(["bench", "--runs", "0"]) == 2
-    assert "runs must be >= 1, got 0" in capsys.readouterr().err
+    assert "runs must be an int >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # gloo processes
+def test_cli_runs_the_sizes_it_is_given(tmp_path):
+    """`--batch-sizes/--seq-lens/--cp-sizes` pick the grid (one GPU can run `--cp-sizes 1`)."""
+    from verl_cppack.cli import main
+
+    _needs_verl_and_megatron()
     argv = ["bench", "--batch-sizes", "8", "--seq-lens", "64", "--cp-sizes", "1", "--repeats", "1", "--warmup", "0"]
-    argv += ["--runs", "1"]
-    argv += ["--output", str(tmp_path)]
+    argv += ["--runs", "1", "--output", str(tmp_path)]
     assert main(argv) == 0
-    rows = __import__("json").loads((tmp_path / "results.json").read_text())["rows"]
-    assert [(row["batch_size"], row["seq_len"], row["cp_size"]) for row in rows] == [(8, 64, 1)]
+    results = __import__("json").loads((tmp_path / "results.json").read_text())
+    assert [(row["batch_size"], row["seq_len"], row["cp_size"]) for row in results["rows"]] == [(8, 64, 1)]
+    assert results["machine"]["wall_s"] > 0 and "load_before" in results["machine"]
 
 
+@pytest.mark.slow  # gloo processes
 def test_update_docs_writes_the_plot_beside_the_document_it_links_from(tmp_path):
     """With `--update-docs` and no `--output`, results land in `benchmarks/` beside `--doc`, so the link in the
     regenerated section points at a file committed with the document (not at an ignored `bench_out/`)."""
     from verl_cppack.cli import main
 
+    _needs_verl_and_megatron()
     document = tmp_path / "docs" / "performance.md"
     document.parent.mkdir()
     document.write_text(f"# performance\n{SECTION_BEGIN}\nold\n{SECTION_END}\n")

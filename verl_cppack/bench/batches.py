@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -23,3 +25,40 @@ def rollout_batch(
     mask = ((columns >= half - prompt) & (columns < half)) | ((columns >= half) & (columns < half + response))
     input_ids = torch.randint(0, vocab_size, (batch_size, seq_len), generator=generator)
     return input_ids, mask
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """What verl's Megatron forward packs per micro-batch, as new tensors (nothing shared with any other batch)."""
+
+    input_ids: torch.Tensor  # [B, S] int64
+    labels: torch.Tensor  # [B, S] int64: the ids shifted left by one
+    label_mask: torch.Tensor  # [B, S] bool: positions whose next token is real
+    attention_mask: torch.Tensor  # [B, S] bool
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        batch_size, seq_len = self.attention_mask.shape
+        return batch_size, seq_len
+
+    def clone(self) -> MicroBatch:
+        """The same values in new storage: a plan keyed on, or cached by, an earlier batch's tensors cannot match."""
+        return MicroBatch(*(tensor.clone() for tensor in self.tensors))
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.input_ids, self.labels, self.label_mask, self.attention_mask
+
+
+def micro_batch(batch_size: int, seq_len: int, *, seed: int, device: str = "cpu") -> MicroBatch:
+    """A rollout batch (``rollout_batch``) with its labels and label mask, on ``device``."""
+    input_ids, mask = rollout_batch(batch_size, seq_len, seed=seed)
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    labels = torch.roll(input_ids, -1, dims=1)
+    label_mask = mask & torch.roll(mask, -1, dims=1)
+    return MicroBatch(input_ids, labels, label_mask, mask)
+
+
+def batch_seed(batch_size: int, seq_len: int, index: int) -> int:
+    """The seed of a point's ``index``-th micro-batch: the same batches in every run and on every rank."""
+    return (batch_size * 1_000_003 + seq_len) * 1_000 + index

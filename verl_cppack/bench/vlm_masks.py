@@ -2,10 +2,10 @@
 
 verl calls them on every vision-language micro-batch (0.8+): a jagged batch of token ids becomes padded rows and a
 bool mask, built with a Python loop over the rows and a host read per row. Measured at CP=1 (the builders
-communicate nothing; CP only rounds the row length) on the bench's rollout batches: time per call (median of the
-repeats, the two implementations' calls alternating; verl_cppack's plan cache is cleared before each, so every
-call pays its one host read of the longest sequence, which in verl's forward the preceding
-``preprocess_thd_engine`` has already paid), ATen ops and host syncs.
+communicate nothing; CP only rounds the row length) on the bench's rollout batches, every call on a new jagged
+batch (so verl_cppack pays its one host read of the longest sequence every time, which in verl's forward the
+preceding ``preprocess_thd_engine`` has already paid): time per call (median of the repeats, the two
+implementations' calls alternating), ATen ops and host syncs.
 """
 
 from __future__ import annotations
@@ -16,55 +16,62 @@ from typing import Any
 
 import torch
 
+from verl_cppack.bench.batches import batch_seed, rollout_batch
 from verl_cppack.bench.counters import HostReadCounter, OpCounter
 
 BUILDERS = ("thd", "bshd")
 PAD_TOKEN_ID = 0
+VLM_SEED_OFFSET = 500  # the builders' batches differ from the packing bench's of the same point
 
 
-def _calls(impl: Any, nested: torch.Tensor) -> dict[str, Any]:
-    batch_size = nested.size(0)
-    return {
-        "thd": lambda: impl.build_vlm_attn_mask_thd(nested, PAD_TOKEN_ID),
-        "bshd": lambda: impl.build_vlm_attn_mask_bshd(nested, batch_size, PAD_TOKEN_ID),
-    }
+def jagged_batch(batch_size: int, seq_len: int, index: int, device: str) -> torch.Tensor:
+    """The real tokens of a new rollout batch as a jagged nested tensor ``[B, j]`` int64."""
+    input_ids, mask = rollout_batch(batch_size, seq_len, seed=batch_seed(batch_size, seq_len, VLM_SEED_OFFSET + index))
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    offsets = torch.nn.functional.pad(mask.sum(1).cumsum(0), (1, 0))
+    return torch.nested.nested_tensor_from_jagged(input_ids[mask], offsets=offsets)
 
 
-def _counted(call: Any, reset: Any) -> dict[str, int]:
-    reset()
+def _call(impl: Any, builder: str, nested: torch.Tensor) -> Any:
+    if builder == "thd":
+        return impl.build_vlm_attn_mask_thd(nested, PAD_TOKEN_ID)
+    return impl.build_vlm_attn_mask_bshd(nested, nested.size(0), PAD_TOKEN_ID)
+
+
+def _copy(nested: torch.Tensor) -> torch.Tensor:
+    return torch.nested.nested_tensor_from_jagged(nested.values().clone(), offsets=nested.offsets().clone())
+
+
+def _counted(impl: Any, builder: str, nested: torch.Tensor) -> dict[str, int]:
     with OpCounter() as counter, HostReadCounter() as reads:
-        call()
+        _call(impl, builder, nested)
     return {"aten_ops": counter.total_ops, "host_syncs": counter.syncs() + reads.calls}
 
 
-def _alternating_ms(calls: dict[str, Any], resets: dict[str, Any], repeats: int, warmup: int) -> dict[str, float]:
-    """Median ms per call of each implementation, their calls alternating: both see the same state of the machine
-    and of the allocator (timed one block after the other, the same call here moved by up to 2x between blocks)."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for index in range(warmup + repeats):
-        for name, call in calls.items():
-            resets[name]()
-            begin = time.perf_counter()
-            call()
-            if index >= warmup:
-                times[name].append(time.perf_counter() - begin)
-    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
-
-
 def measure_vlm_masks(
-    verl_util: Any, ours: Any, input_ids: torch.Tensor, mask: torch.Tensor, repeats: int, warmup: int
+    verl_util: Any, ours: Any, batch_size: int, seq_len: int, repeats: int, warmup: int, device: str = "cpu"
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """``{builder: {"verl": ..., "verl_cppack": ...}}`` for one padded batch (its real tokens as the jagged ids)."""
-    nested = torch.nested.nested_tensor_from_jagged(
-        input_ids[mask], offsets=torch.nn.functional.pad(mask.sum(1).cumsum(0), (1, 0))
-    )
-    verl_calls, our_calls = _calls(verl_util, nested), _calls(ours, nested)
-    resets = {"verl": lambda: None, "verl_cppack": ours.clear_plan_caches}
+    """``{builder: {"verl": ..., "verl_cppack": ...}}``: median ms per call, the two implementations' calls
+    alternating on copies of the same new batch (both see the same state of the machine and of the allocator;
+    timed one block after the other, the same call moved by up to 2x between blocks), then the counts."""
+    impls = {"verl": verl_util, "verl_cppack": ours}
+    names = list(impls)
     measured = {}
     for builder in BUILDERS:
-        calls = {"verl": verl_calls[builder], "verl_cppack": our_calls[builder]}
-        ms = _alternating_ms(calls, resets, repeats, warmup)
-        measured[builder] = {name: {"ms": ms[name], **_counted(calls[name], resets[name])} for name in calls}
+        times: dict[str, list[float]] = {name: [] for name in impls}
+        for index in range(warmup + repeats):
+            base = jagged_batch(batch_size, seq_len, index, device)
+            for name in names if index % 2 == 0 else names[::-1]:  # who goes first alternates too
+                nested = _copy(base)
+                begin = time.perf_counter()
+                _call(impls[name], builder, nested)
+                if index >= warmup:
+                    times[name].append(time.perf_counter() - begin)
+        counted = jagged_batch(batch_size, seq_len, warmup + repeats, device)
+        measured[builder] = {
+            name: {"ms": statistics.median(times[name]) * 1e3, **_counted(impl, builder, _copy(counted))}
+            for name, impl in impls.items()
+        }
     return measured
 
 
@@ -106,33 +113,25 @@ def vlm_summary(rows: list[dict[str, Any]]) -> list[str]:
     if not measured:
         return []
     lines = []
-    at_256 = [row for row in measured if row["batch_size"] == 256]
-    if at_256:
-        thd = [ratio(row, "thd") for row in at_256]
-        bshd = [ratio(row, "bshd") for row in at_256]
+    for batch_size in sorted({row["batch_size"] for row in measured}):
+        at_b = [row for row in measured if row["batch_size"] == batch_size]
+        thd = [ratio(row, "thd") for row in at_b]
+        bshd = [ratio(row, "bshd") for row in at_b]
         lines.append(
-            f"- VLM mask builders, B=256 (CP=1): `build_vlm_attn_mask_thd` {min(thd):.1f}–{max(thd):.1f}× and "
-            f"`build_vlm_attn_mask_bshd` {min(bshd):.1f}–{max(bshd):.1f}× faster than verl's."
+            f"- VLM mask builders, B={batch_size} (CP=1): `build_vlm_attn_mask_thd` {_span(thd)}× and "
+            f"`build_vlm_attn_mask_bshd` {_span(bshd)}× verl's speed."
         )
     ours_ops = {row["vlm_masks"][b]["verl_cppack"]["aten_ops"] for row in measured for b in BUILDERS}
     ours_syncs = max(row["vlm_masks"][b]["verl_cppack"]["host_syncs"] for row in measured for b in BUILDERS)
     verl_syncs = [row["vlm_masks"][b]["verl"]["host_syncs"] for row in measured for b in BUILDERS]
     lines.append(
-        f"- VLM mask builders: verl_cppack {min(ours_ops)}–{max(ours_ops)} ATen ops for every B and ≤ {ours_syncs} host "
-        f"sync (none after `preprocess_thd_engine` on the same batch); verl {min(verl_syncs)}–{max(verl_syncs)} syncs."
+        f"- VLM mask builders: verl_cppack {min(ours_ops)}–{max(ours_ops)} ATen ops per call (every B, both builders) "
+        f"and ≤ {ours_syncs} host sync; verl {min(verl_syncs)}–{max(verl_syncs)} syncs."
     )
     return lines
 
 
-def missed_targets(rows: list[dict[str, Any]]) -> list[str]:
-    missed = []
-    for row in rows:
-        if "vlm_masks" not in row:
-            continue
-        for builder in BUILDERS:
-            ours = row["vlm_masks"][builder]["verl_cppack"]
-            if ours["host_syncs"] > 1:
-                missed.append(f"VLM {builder} B={row['batch_size']} S={row['seq_len']}: {ours['host_syncs']} syncs")
-            if row["batch_size"] == 256 and ratio(row, builder) <= 1:
-                missed.append(f"VLM {builder} B=256 S={row['seq_len']}: only {ratio(row, builder):.2f}× verl's speed")
-    return missed
+def _span(values: list[float]) -> str:
+    return (
+        f"{min(values):.1f}" if f"{min(values):.1f}" == f"{max(values):.1f}" else f"{min(values):.1f}–{max(values):.1f}"
+    )

@@ -1,0 +1,22 @@
+"""The derived figures of one bench row: speed-ups against verl, and how far verl_cppack stands from the floor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ratios(row: dict[str, Any]) -> dict[str, float]:
+    """``preprocess`` / ``postprocess`` / ``step``: verl's time over verl_cppack's (above 1: faster than verl);
+    ``preprocess_floor`` / ``postprocess_floor``: verl's time over the floor's (the copies-only ratio: what a packer
+    whose planning cost nothing would reach); ``preprocess_of_floor``: the floor's time over verl_cppack's (1: at
+    the floor); ``postprocess_above_floor_ms``: verl_cppack's postprocess minus the floor's."""
+    verl, ours, floor = row["verl"], row["verl_cppack"], row["floor"]
+    return {
+        "preprocess": verl["preprocess_ms"] / ours["preprocess_ms"],
+        "postprocess": verl["postprocess_ms"] / ours["postprocess_ms"],
+        "step": verl["step_ms"] / ours["step_ms"],
+        "preprocess_floor": verl["preprocess_ms"] / floor["preprocess_ms"],
+        "postprocess_floor": verl["postprocess_ms"] / floor["postprocess_ms"],
+        "preprocess_of_floor": floor["preprocess_ms"] / ours["preprocess_ms"],
+        "postprocess_above_floor_ms": ours["postprocess_ms"] - floor["postprocess_ms"],
+    }
