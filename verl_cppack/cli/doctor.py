@@ -4,8 +4,10 @@ By default nothing heavy is imported: versions come from package metadata, and t
 of verl's packing functions the drop-ins stand in for (and why any util function is left to verl: a parameter
 the drop-in does not know, or no drop-in for it) from the source of ``verl/models/mcore/util.py``, read with
 ``ast``. ``--verify`` installs the patch in this process, imports verl's caller modules and lists which of them
-now hold the drop-ins; it exits 1 when a util function is left to verl, a caller is not covered or a CPU fix is
-refused.
+now hold the drop-ins, then runs each replaced function and its drop-in side by side on random batches at CP=1
+(``integrations.verl.self_check``: the comparison the release matrix and behaviour verification use) and puts
+back any whose results differ beyond the intended differences; it exits 1 when a util function is left to verl or
+put back, a caller is not covered or a CPU fix is refused.
 """
 
 from __future__ import annotations
@@ -132,6 +134,12 @@ def collect(verify: bool) -> dict[str, Any]:
                 importlib.import_module(module)
             except Exception as error:  # noqa: BLE001 - report which caller could not be imported here
                 report["import_errors"][module] = f"{type(error).__name__}: {error}"
+        from verl_cppack.integrations.verl.self_check import self_check
+
+        try:
+            self_check()
+        except Exception as error:  # noqa: BLE001 - a check that cannot run is reported, not a crash of doctor
+            report["self_check_error"] = f"{type(error).__name__}: {error}"
     report["patch"] = patching.status()
     report["cpu_fixes"] = cpu_fix_report(verify)
     return report
@@ -156,6 +164,12 @@ def _print_human(report: dict[str, Any]) -> None:
         print(f"  {module}: {', '.join(names)}")
     for name, reason in patch.get("left_to_verl", {}).items():
         print(f"  left to verl in this process: {name} ({reason})")
+    for name, reason in patch.get("put_back", {}).items():
+        print(f"  put back to verl's own in this process (its results differ): {name} ({reason})")
+    if patch.get("verifying"):
+        print(f"  the drop-ins verify themselves on their first calls (verl {patch.get('release')})")
+    if "self_check_error" in report:
+        print(f"  could not compare the drop-ins with verl's functions: {report['self_check_error']}")
     for module, error in report.get("import_errors", {}).items():
         print(f"  could not import {module}: {error}")
     print("CPU support for verl's trainer (armed by VERL_PLATFORM=cpu; --verify applies it here):")
@@ -190,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
         )
         refused = [row["name"] for row in report["cpu_fixes"] if row["state"] != "applied"]
         left = report["patch"].get("left_to_verl") or (util or {}).get("left_to_verl")
-        return 1 if util is None or missing or refused or left or not report["patch"]["installed"] else 0
+        put_back = report["patch"].get("put_back") or "self_check_error" in report
+        return 1 if util is None or missing or refused or left or put_back or not report["patch"]["installed"] else 0
     return 0
 
 

@@ -276,11 +276,11 @@ def _parts(c: Comparison, function: str, case: str, theirs: Any, ours: Any, regi
                     if not torch.equal(a.to(b.dtype), b):
                         c.add(function, case, "positions-roll")
                 else:
-                    c.tensors(function, case, a, b, prefix=f"{index}:")
+                    c.tensors(function, case, a, b, prefix=f"result[{index}]:")
             elif isinstance(rule, dict):
-                c.tensors(function, case, a, b, regions=rule, prefix=f"{index}:")
+                c.tensors(function, case, a, b, regions=rule, prefix=f"result[{index}]:")
             else:
-                c.tensors(function, case, a, b, prefix=f"{index}:")
+                c.tensors(function, case, a, b, prefix=f"result[{index}]:")
         return
     c.tensors(function, case, theirs, ours)
 

@@ -118,6 +118,7 @@ class PatchState:
     verifying: bool = False  # the drop-ins were installed inside a VerifiedDropIn
     checks: dict[str, verification.VerifiedDropIn] = field(default_factory=dict)  # verl name -> its check
     put_back: dict[str, str] = field(default_factory=dict)  # verl name -> the difference that put verl's back
+    plain: dict[str, Callable[..., Any]] = field(default_factory=dict)  # verl name -> the drop-in, unwrapped
 
 
 _STATE = PatchState()
@@ -208,6 +209,7 @@ def _patch_util(util: ModuleType) -> None:
             for name, dropin in chosen.items():
                 # counted only when asked (call_counts); the signature was checked on the drop-in itself
                 plain = counted(name, dropin.function)
+                _STATE.plain[name] = plain
                 if _STATE.verifying:
                     check = verification.VerifiedDropIn(
                         name, namespace[name], plain, _STATE.release, on_put_back=_put_back, on_step_aside=_rebind
@@ -236,6 +238,9 @@ def _put_back(name: str, reason: str) -> None:
             return
         _swap(name, replacement, original)
         _STATE.put_back[name] = reason
+        check = _STATE.checks.get(name)
+        if check is not None and check.put_back_reason is None:  # put back from outside the check (self_check)
+            check.put_back_reason = reason
         for module_name, names in list(_STATE.covered.items()):
             if name in names:
                 names.remove(name)
@@ -318,7 +323,7 @@ def uninstall() -> None:
         _STATE.originals, _STATE.replacements, _STATE.covered, _STATE.patched = {}, {}, {}, set()
         _STATE.left_to_verl = {}
         _STATE.generation = None
-        _STATE.release, _STATE.verifying, _STATE.checks, _STATE.put_back = None, False, {}, {}
+        _STATE.release, _STATE.verifying, _STATE.checks, _STATE.put_back, _STATE.plain = None, False, {}, {}, {}
         dropins.clear_plan_caches()
 
 
@@ -329,6 +334,18 @@ def is_installed() -> bool:
 def originals() -> dict[str, Callable[..., Any]]:
     """verl's own functions (by verl name) that ``install`` replaced; empty until util is loaded."""
     return dict(_STATE.originals)
+
+
+def dropin_functions() -> dict[str, Callable[..., Any]]:
+    """The drop-ins (by verl name, unwrapped) standing in for ``originals()``; empty until util is loaded."""
+    with _LOCK:
+        return {name: _STATE.plain[name] for name in _STATE.originals}
+
+
+def put_back(name: str, reason: str) -> None:
+    """Put verl's own ``name`` back for the rest of this process (everywhere, later imports too), recording
+    ``reason`` in ``status()["put_back"]``. Nothing happens for a name that is not replaced."""
+    _put_back(name, reason)
 
 
 def status() -> dict[str, Any]:
