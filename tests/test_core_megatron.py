@@ -99,6 +99,7 @@ def _context_from_megatron(rank, world_size):
     return dataclasses.replace(ctx, cp_group=None), same_group, again == ctx, later
 
 
+@pytest.mark.slow  # a gloo world with Megatron imported in every rank
 def test_parallel_context_from_megatron_reads_parallel_state():
     """Read once per parallel state (the context is kept per group), and read afresh after re-initialisation
     or when megatron's TP-size override changes; after ``destroy_model_parallel`` it is an error again."""

@@ -123,6 +123,7 @@ def test_the_lookup_predicts_the_previous_steps_mean_return_of_each_key():
         (["{dump}", "--epochs", "two"], "invalid int"),
     ],
 )
+@pytest.mark.slow  # each case runs the script in a subprocess
 def test_bad_input_is_one_error_line_and_exit_2(arguments, message, tmp_path):
     import subprocess
     import sys

@@ -68,6 +68,7 @@ def cp_world(request):
     return request.param, run_gloo(cp_world_rank, request.param)
 
 
+@pytest.mark.slow  # gloo worlds with Megatron imported in every rank
 def test_position_wise_model_is_bit_exact_under_cp(cp_world):
     _, per_rank = cp_world
     model = PositionWiseModel()
@@ -145,6 +146,7 @@ def tiny_gpt_rank(rank, world_size):
     return report
 
 
+@pytest.mark.slow  # gloo worlds with Megatron imported in every rank
 def test_tiny_gpt_log_probs_entropy_and_gradients_do_not_depend_on_cp(cp_world):
     cp_size, per_rank = cp_world
     for report in (result["tiny_gpt"] for result in per_rank):
@@ -184,6 +186,7 @@ def packed_equals_padded_rank(rank, world_size):
     return packed.detach(), [r.detach() for r in rows]
 
 
+@pytest.mark.slow  # a gloo world with Megatron imported
 def test_packed_thd_forward_equals_each_row_run_alone():
     packed, rows = run_gloo(packed_equals_padded_rank, 1)[0]
     _, mask = batch(seed=2)

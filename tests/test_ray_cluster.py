@@ -1,4 +1,5 @@
-"""What a job asks of a Ray cluster, decided before verl starts, and what it hands its workers (no Ray started here).
+"""What a job asks of a Ray cluster, decided before verl starts, and what it hands its workers (Ray is started only by the
+two tests marked slow, which hold a real local cluster).
 
 - ``ParallelShape``: workers = tp x cp x dp, the same number on each of ``nnodes`` nodes;
 - ``capacity_problem``: a cluster holds the job only with ``workers / nnodes`` slots (Ray GPUs) and 3 CPUs per slot
@@ -153,6 +154,7 @@ def test_the_interface_holding_an_address_is_found_on_this_host():
         interface_holding("203.0.113.7")  # TEST-NET-3: on no host
 
 
+@pytest.mark.slow  # starts a local Ray cluster
 def test_a_placement_group_verl_cannot_place_is_reported_after_the_timeout():
     """A real local cluster held by a session: a verl-named placement group asking for more than the cluster has
     stays pending; ``watch`` says so once it has waited ``PENDING_PLACEMENT_TIMEOUT_S``, never before. Groups that
@@ -179,6 +181,7 @@ def test_a_placement_group_verl_cannot_place_is_reported_after_the_timeout():
     assert not ray.is_initialized()
 
 
+@pytest.mark.slow  # starts a local Ray cluster
 def test_a_local_cluster_is_started_even_where_ray_start_left_an_address_behind(monkeypatch):
     """`ray start` records its address in Ray's temp dir and `ray.init()` without an address connects there — to a
     cluster long dead, or to the user's own cluster with num_cpus refused. The job's local cluster is its own."""

@@ -102,6 +102,7 @@ def test_op_counts_do_not_grow_with_batch_size(name):
             assert small == large, (call, small, large)
 
 
+@pytest.mark.slow  # reads test_verl_equality's gloo worlds (verl and Megatron imported in every rank)
 @pytest.mark.parametrize("name", ["cp1", "cp2"])
 def test_one_host_sync_per_micro_batch(name):
     from tests.test_verl_equality import world

@@ -363,6 +363,7 @@ def world(name: str) -> list[dict]:
     return run_gloo(world_worker, world_size, tp_size, seeds)
 
 
+@pytest.mark.slow  # gloo worlds with verl and Megatron imported in every rank
 @pytest.mark.parametrize(
     "name", [pytest.param(name, marks=[pytest.mark.slow] if name in ("cp4", "tp2-cp2") else []) for name in WORLDS]
 )

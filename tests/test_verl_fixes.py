@@ -189,6 +189,7 @@ def fixes_checks(cp: int, rank: int) -> list[str]:
     return failures
 
 
+@pytest.mark.slow  # reads test_verl_equality's gloo worlds (verl and Megatron imported in every rank)
 @pytest.mark.parametrize("name", ["cp1", "cp2", pytest.param("cp4", marks=pytest.mark.slow)])
 def test_dropins_are_right_where_verl_is_wrong(name):
     from tests.test_verl_equality import world

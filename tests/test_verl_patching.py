@@ -166,6 +166,7 @@ def patch_checks() -> dict:
     }
 
 
+@pytest.mark.slow  # reads test_verl_equality's gloo worlds (verl and Megatron imported in every rank)
 @pytest.mark.parametrize("name", ["cp1", "cp2"])
 def test_verl_forward_functions_call_the_dropins_and_return_the_same(name):
     from tests.test_verl_equality import world
