@@ -154,6 +154,7 @@ def test_strict_exits_1_naming_each_missed_target_and_0_when_all_are_met(tmp_pat
     from verl_cppack.cli import bench, main
 
     argv = ["bench", "--batch-sizes", "1,4", "--seq-lens", "1024", "--cp-sizes", "2", "--output", str(tmp_path)]
+    monkeypatch.setattr(bench, "write_outputs", lambda rows, settings, output, machine: {})  # no plot to draw
     monkeypatch.setattr(bench, "run_benchmark", lambda settings: [row(batch_size=1), row(verl_cppack__host_syncs=2)])
     assert main([*argv, "--strict"]) == 1
     out = capsys.readouterr().out

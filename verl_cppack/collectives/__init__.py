@@ -1,1 +1,1 @@
-"""collectives"""
+"""The one collective of the gather-back: every CP rank's local stream all-gathered, with its gradient contracts."""
