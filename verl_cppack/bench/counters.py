@@ -69,28 +69,44 @@ def _has_bool_index(args: tuple) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
 
 
+HOST_READS = ("read_to_host", "host_memory")  # verl_cppack.core.host: each stands for one device->host transfer
+
+
 class HostReadCounter:
-    """Host reads that dispatch no ATen op on the CPU: ``Tensor.tolist`` (verl's) and ``read_to_host`` (the plan's
-    one read), counted by wrapping them for the duration of the ``with`` block."""
+    """Host reads that dispatch no ATen op on the CPU, counted by wrapping them for the duration of the ``with``
+    block: ``Tensor.tolist`` (verl's) and ``verl_cppack.core.host``'s reads (``HOST_READS``: on an accelerator each
+    is one device->host copy that waits for the device). A read made inside another counted read is not counted
+    again. ``RuntimeError`` when ``core.host`` has none of them (the counter would miss the library's reads)."""
 
     def __enter__(self) -> HostReadCounter:
         from verl_cppack.core import host
 
+        names = [name for name in HOST_READS if hasattr(host, name)]
+        if not names:
+            raise RuntimeError(
+                f"verl_cppack.core.host has none of {HOST_READS}: the library reads the host some other way; "
+                "update bench/counters.py so its reads are counted"
+            )
         self.calls = 0
-        self._originals = (torch.Tensor.tolist, host.read_to_host)
-
-        def counting(original):
-            def wrapper(*args, **kwargs):
-                self.calls += 1
-                return original(*args, **kwargs)
-
-            return wrapper
-
-        torch.Tensor.tolist = counting(self._originals[0])
-        host.read_to_host = counting(self._originals[1])
+        self._depth = 0
+        self._originals = [(torch.Tensor, "tolist", torch.Tensor.tolist)]
+        self._originals += [(host, name, getattr(host, name)) for name in names]
+        for owner, name, original in self._originals:
+            setattr(owner, name, self._counting(original))
         return self
 
-    def __exit__(self, *exc) -> None:
-        from verl_cppack.core import host
+    def _counting(self, original):
+        def wrapper(*args, **kwargs):
+            if self._depth == 0:
+                self.calls += 1
+            self._depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._depth -= 1
 
-        torch.Tensor.tolist, host.read_to_host = self._originals
+        return wrapper
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, original in self._originals:
+            setattr(owner, name, original)
