@@ -26,7 +26,7 @@ def grpo(*arguments: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def test_the_default_configuration_is_the_gpu_recipe_with_the_cpu_overlay(tmp_path):
     """The GSM8K recipe's algorithm settings survive; the overlay sets CP=2 for actor and reference, the plugin,
-    the Hugging Face rollout, float32 and the host; user overrides come last and win."""
+    verl's vLLM rollout (float32, eager, no sleep mode), float32 and the host; user overrides come last and win."""
     prepared = prepare_job(
         GRPO, JobSettings(overrides=("actor_rollout_ref.actor.kl_loss_coef=0.5",)), output_dir=tmp_path
     )
@@ -36,12 +36,30 @@ def test_the_default_configuration_is_the_gpu_recipe_with_the_cpu_overlay(tmp_pa
     assert config.actor_rollout_ref.actor.megatron.context_parallel_size == 2
     assert config.actor_rollout_ref.ref.megatron.context_parallel_size == 2
     assert config.actor_rollout_ref.model.external_lib == "verl_cppack.verl_plugin"
-    assert config.actor_rollout_ref.rollout.name == "hf" and config.trainer.device == "cpu"
-    assert config.actor_rollout_ref.rollout.full_determinism  # rows named, routed and seeded by name: runs repeat
+    rollout = config.actor_rollout_ref.rollout
+    assert rollout.name == "vllm" and config.trainer.device == "cpu"
+    assert rollout.dtype == "float32" and rollout.enforce_eager and not rollout.enable_sleep_mode
+    assert rollout.tensor_model_parallel_size == 1 and not rollout.free_cache_engine
+    assert not rollout.full_determinism  # it would give every request of a replica one seed: one response per group
     assert config.actor_rollout_ref.actor.megatron.dtype == "float32"
     assert config.actor_rollout_ref.actor.kl_loss_coef == 0.5
     assert config.trainer.use_v1 is True  # verl 0.9.1's default trainer
     assert prepare_job(GRPO, JobSettings(trainer="v0"), output_dir=tmp_path).config.trainer.use_v1 is False
+
+
+def test_the_hugging_face_rollout_is_one_flag_away(tmp_path):
+    """--rollout hf: the Hugging Face rollout, whose requests are named after their rows, routed and seeded by name
+    (full determinism: runs repeat)."""
+    rollout = prepare_job(GRPO, JobSettings(rollout="hf"), output_dir=tmp_path).config.actor_rollout_ref.rollout
+    assert rollout.name == "hf" and rollout.full_determinism
+
+
+def test_vllm_with_sleep_mode_is_refused_before_anything_starts(tmp_path):
+    """vLLM's CPU platform has no sleep mode: an override that turns it on is a ValueError naming the key."""
+    with pytest.raises(ValueError, match="enable_sleep_mode=True: vLLM's CPU platform has no sleep mode"):
+        prepare_job(
+            GRPO, JobSettings(overrides=("++actor_rollout_ref.rollout.enable_sleep_mode=True",)), output_dir=tmp_path
+        )
 
 
 def test_a_parallel_shape_reaches_every_megatron_model_and_verls_trainer(tmp_path):
@@ -85,7 +103,7 @@ def test_a_parallel_shape_reaches_every_megatron_model_and_verls_trainer(tmp_pat
         (["--nnodes", "0"], "nnodes must be >= 1"),
         (["--dp", "2", "--nnodes", "3"], "nnodes=3 does not divide the 4 workers"),
         (["--nnodes", "2"], "needs --address (or RAY_ADDRESS)"),
-        (["--tp", "4"], "tp=4 does not divide the model's 4 attention heads and 2 key-value heads"),
+        (["--tp", "4"], "tp=4 does not divide the model's 2 attention heads and 2 key-value heads"),
         (["--dp", "3"], "dp=3 must divide the 32 responses of a mini-batch"),
         (["--prompts-per-step", "6"], "prompts_per_step (6) must be a multiple of 4"),
     ],
@@ -158,7 +176,10 @@ def test_ctrl_c_or_a_kill_stops_the_trainer_and_its_ray_cluster(tmp_path, stop):
     from tests.interrupts import default_sigint
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "500", "--output", str(tmp_path / "out")],
+        [
+            *(sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "500", "--rollout", "hf"),
+            *("--output", str(tmp_path / "out")),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

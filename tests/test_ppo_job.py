@@ -30,6 +30,8 @@ def test_two_ppo_steps_with_a_megatron_critic_at_cp2(tmp_path):
             "-m",
             "verl_cppack.cli",
             "ppo",
+            "--rollout",
+            "hf",  # the test is about the critic
             "--steps",
             "2",
             "--output",

@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
                 if module not in report["patch"]["covered"] and module not in report["import_errors"]
             ]
         )
-        refused = [row["name"] for row in report["cpu_fixes"] if row["state"] != "applied"]
+        refused = [row["name"] for row in report["cpu_fixes"] if row["state"] not in ("applied", "not needed")]
         left = report["patch"].get("left_to_verl") or (util or {}).get("left_to_verl")
         put_back = report["patch"].get("put_back") or "self_check_error" in report
         return 1 if util is None or missing or refused or left or put_back or not report["patch"]["installed"] else 0

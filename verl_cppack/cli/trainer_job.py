@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 
+from verl_cppack.jobs.rollout_choice import ROLLOUTS
 from verl_cppack.jobs.verl_job import TRAINERS, JobKind, JobSettings
 
 EXIT_BAD_INPUT, EXIT_TRAINER_FAILED, EXIT_INTERRUPTED = 2, 3, 130
@@ -83,6 +84,12 @@ def add_job_arguments(parser: argparse.ArgumentParser, kind: JobKind, defaults: 
         help=f"actor learning rate (default {defaults.learning_rate})",
     )
     parser.add_argument(
+        "--rollout",
+        default=defaults.rollout,
+        choices=list(ROLLOUTS),
+        help=f"vllm: verl's vLLM rollout on vLLM's CPU build; hf: Hugging Face generate (default {defaults.rollout})",
+    )
+    parser.add_argument(
         "--verbose", action="store_true", help="also print the trainer's own output (always in trainer.log)"
     )
     parser.add_argument(
@@ -109,12 +116,14 @@ def settings_from_args(args: argparse.Namespace) -> JobSettings:
         learning_rate=args.lr,
         overrides=tuple(args.overrides),
         verbose=args.verbose,
+        rollout=args.rollout,
     )
 
 
 def print_summary(summary: dict) -> None:
     print(
-        f"{summary['job']} ({summary['trainer']}, trainer {summary['trainer_version']}, verl {summary['verl_version']}): "
+        f"{summary['job']} ({summary['trainer']}, trainer {summary['trainer_version']}, verl {summary['verl_version']}, "
+        f"rollout {summary['rollout']}): "
         f"{summary['steps']} steps at TP={summary['tp']} CP={summary['cp']} DP={summary['dp']} on {summary['nodes']} "
         f"node(s) in {summary['wall_s']} s; mean reward first fifth "
         f"{summary['reward_first_fifth']:.3f} -> last fifth {summary['reward_last_fifth']:.3f}; "
@@ -135,16 +144,19 @@ def print_summary(summary: dict) -> None:
 def run_job_command(kind: JobKind, args: argparse.Namespace) -> int:
     from verl_cppack.jobs.launcher import TrainerFailed
     from verl_cppack.jobs.ray_cluster import ClusterTooSmall, ClusterUnavailable
-    from verl_cppack.jobs.verl_job import prepare_job, progress_line, run_job
+    from verl_cppack.jobs.rollout_choice import rollout_label
+    from verl_cppack.jobs.verl_job import check_rollout, prepare_job, progress_line, run_job
 
     try:
         prepared = prepare_job(kind, settings_from_args(args))
+        check_rollout(prepared)  # vLLM can start here (imports, AVX2, memory), before Ray does
     except (TypeError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     where = f"the Ray cluster at {prepared.settings.address}" if prepared.settings.address else "a local Ray cluster"
     print(
-        f"{kind.name}: verl.trainer.main_ppo at {prepared.settings.shape.describe()} on {where}, {args.steps} steps "
+        f"{kind.name}: verl.trainer.main_ppo at {prepared.settings.shape.describe()} with the "
+        f"{rollout_label(prepared.settings.rollout)} rollout on {where}, {args.steps} steps "
         f"-> {prepared.output_dir} (Ray start-up and worker init take one to two minutes; trainer output in "
         "trainer.log)",
         flush=True,

@@ -49,6 +49,7 @@ class TrainerRun:
     task_dir: Path | None = None  # shipped to every worker as its working directory
     verbose: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
+    rollout: str = "hf"  # vllm | hf: which rollout's variables the workers get (worker_env)
 
     @property
     def verl_metrics_path(self) -> Path:
@@ -68,7 +69,9 @@ class TrainerRun:
         return self.output_dir / "trainer.log"
 
     def environment(self) -> dict[str, str]:
-        base = worker_environment(self.verl_metrics_path, self.call_count_key, self.call_count_dir, self.shape.nnodes)
+        base = worker_environment(
+            self.verl_metrics_path, self.call_count_key, self.call_count_dir, self.shape.nnodes, rollout=self.rollout
+        )
         return {**base, **self.extra_env}
 
     def command(self) -> list[str]:

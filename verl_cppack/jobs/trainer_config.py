@@ -17,6 +17,7 @@ from pathlib import Path
 
 from verl_cppack.jobs.counting_task import RESPONSE_LENGTH, CountingPaths
 from verl_cppack.jobs.parallel_shape import ParallelShape
+from verl_cppack.jobs.rollout_choice import rollout_overlay
 from verl_cppack.runtime.megatron_engine import HOST_TRANSFORMER_CONFIG
 
 CONFIG_NAME = "ppo_megatron_trainer"
@@ -37,6 +38,7 @@ class CpuRun:
     learning_rate: float = 3e-3
     mini_batches: int = 4  # optimizer steps per training step (verl's ppo_mini_batch_size = prompts / this)
     output_dir: Path = Path("runs/grpo")
+    rollout: str = "vllm"  # vllm | hf (rollout_choice.py)
 
     @property
     def responses_per_mini_batch(self) -> int:
@@ -115,13 +117,11 @@ def cpu_overlay(run: CpuRun) -> list[str]:
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={run.responses_per_mini_batch // dp}",
         "actor_rollout_ref.actor.kl_loss_coef=0.001",
         *megatron,
-        "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        *rollout_overlay(run.rollout),
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # one replica per worker slot
         f"actor_rollout_ref.rollout.n={run.group_size}",
         "actor_rollout_ref.rollout.temperature=1.0",
         f"actor_rollout_ref.rollout.seed={run.seed}",
-        # requests named after their rows and routed by name; the HF rollout seeds each row by its name (rollout.py)
-        "actor_rollout_ref.rollout.full_determinism=True",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * run.group_size // 2 // dp}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch * run.group_size // 2 // dp}",

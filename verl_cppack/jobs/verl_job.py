@@ -26,6 +26,7 @@ from verl_cppack.jobs.launcher import TrainerRun, run_trainer, summarize
 from verl_cppack.jobs.output import Panel, fresh_output_dir, plot_panels
 from verl_cppack.jobs.parallel_shape import ParallelShape
 from verl_cppack.jobs.ray_cluster import ClusterSession, ray_host_port
+from verl_cppack.jobs.rollout_choice import DEFAULT_ROLLOUT, ROLLOUTS, rollout_label, vllm_start_problem
 from verl_cppack.jobs.trainer_config import (
     CpuRun,
     compose_trainer_config,
@@ -33,6 +34,7 @@ from verl_cppack.jobs.trainer_config import (
     merge_overrides,
     recipe_overrides,
 )
+from verl_cppack.jobs.worker_env import VLLM_CPU_KVCACHE_GIB as VLLM_KV_GIB
 
 TRAINERS = {"v1": "True", "v0": "False"}  # --trainer -> trainer.use_v1; verl 0.9.1's default is v1
 
@@ -65,12 +67,15 @@ class JobSettings:
     learning_rate: float = 3e-3
     overrides: tuple[str, ...] = ()
     verbose: bool = False
+    rollout: str = DEFAULT_ROLLOUT  # vllm (verl's vLLM rollout on vLLM's CPU build) | hf (Hugging Face generate)
 
     def __post_init__(self) -> None:
         ParallelShape(tp=self.tp, cp=self.cp, dp=self.dp, nnodes=self.nnodes)  # checks them
         for name in ("steps", "prompts_per_step", "group_size"):
             require_int(name, getattr(self, name), minimum=1)
         require_int("seed", self.seed, minimum=0)
+        if self.rollout not in ROLLOUTS:
+            raise ValueError(f"rollout must be one of {list(ROLLOUTS)}, got {self.rollout!r}")
         if self.trainer not in TRAINERS:
             raise ValueError(f"trainer must be one of {sorted(TRAINERS)}, got {self.trainer!r}")
         if not (isinstance(self.learning_rate, float) and 0 < self.learning_rate < 1):
@@ -116,6 +121,7 @@ def prepare_job(kind: JobKind, settings: JobSettings, output_dir: Path | None = 
         seed=settings.seed,
         learning_rate=settings.learning_rate,
         output_dir=output_dir,
+        rollout=settings.rollout,
     )
     overrides = merge_overrides(
         recipe_overrides(kind.recipe),
@@ -154,6 +160,12 @@ def check_composed(config: Any, task_dir: Path) -> None:
                 "downloaded on this machine, so pass a local directory"
             )
         check_tensor_parallel_split(key, json.loads((path / "config.json").read_text()), config)
+    if str(config.actor_rollout_ref.rollout.name) == "vllm" and bool(
+        config.actor_rollout_ref.rollout.enable_sleep_mode
+    ):
+        raise ValueError(
+            "actor_rollout_ref.rollout.enable_sleep_mode=True: vLLM's CPU platform has no sleep mode; leave it False"
+        )
     if str(config.trainer.device) != "cpu":
         raise ValueError(f"this job runs verl on the host: trainer.device must be cpu, got {config.trainer.device}")
     try:
@@ -200,12 +212,27 @@ def progress_line(record: dict[str, Any], total_steps: int) -> str:
     return "  ".join(parts)
 
 
+class RolloutUnavailable(ValueError):
+    """``--rollout vllm`` cannot start on this machine (exit 2: nothing was started)."""
+
+
+def check_rollout(prepared: PreparedJob) -> None:
+    """``RolloutUnavailable`` naming why vLLM cannot start here and ``--rollout hf``; nothing for ``hf``."""
+    settings = prepared.settings
+    if settings.rollout != "vllm":
+        return
+    problem = vllm_start_problem(settings.shape.workers, local=settings.address is None, kv_cache_gib=VLLM_KV_GIB)
+    if problem is not None:
+        raise RolloutUnavailable(f"--rollout vllm cannot start: {problem}; pass --rollout hf (Hugging Face generate)")
+
+
 def run_job(prepared: PreparedJob, on_step: Callable[[dict[str, Any]], None] = lambda record: None) -> dict[str, Any]:
     """Start or join the Ray cluster, check it can hold the job, run verl's trainer on it, write the outputs;
     return the summary. ``ClusterTooSmall`` before anything starts; ``TrainerFailed`` / ``ClusterUnavailable``."""
     import verl
 
     kind, settings, output_dir = prepared.kind, prepared.settings, prepared.output_dir
+    check_rollout(prepared)
     (output_dir / "config.json").write_text(
         json.dumps({"job": kind.name, "settings": asdict(settings), "overrides": prepared.overrides}, indent=2)
     )
@@ -219,13 +246,14 @@ def run_job(prepared: PreparedJob, on_step: Callable[[dict[str, Any]], None] = l
             address=session.address,
             task_dir=prepared.task_dir,
             verbose=settings.verbose,
+            rollout=settings.rollout,
         )
         records = run_trainer(run, on_step, watch=session.watch)
         call_records = read_ray_call_records(run.call_count_key, delete=True) + read_call_records(run.call_count_dir)
     finally:
         session.close()
     summary = {"job": kind.name, **summarize(records, call_records, run, time.monotonic() - started, verl.__version__)}
-    summary.update(trainer_version=settings.trainer, **kind.summary(records))
+    summary.update(trainer_version=settings.trainer, rollout=rollout_label(settings.rollout), **kind.summary(records))
     summary["plots"] = write_plots(kind, records, output_dir)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     return summary

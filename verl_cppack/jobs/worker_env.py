@@ -10,6 +10,10 @@ One place for the protocol between the launcher and the processes it never start
   that is not connected to Ray;
 - gloo's interface: loopback on one node; across nodes each worker binds to the interface holding its node's
   Ray address (``integrations.verl.cpu.gloo_interface``); a ``GLOO_SOCKET_IFNAME`` the user set is passed on;
+- vLLM's CPU build (``--rollout vllm``): its KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB per replica), its threads
+  (``VLLM_CPU_OMP_THREADS_BIND=nobind``: OpenMP places them, the trainer's workers share the cores with it) and no
+  core reserved for its scheduler (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``: by default vLLM keeps one of the machine's two
+  cores away from everything else);
 - Ray's runtime environment: the task directory as every worker's working directory (the config names the
   task's files relative to it) and the ``verl_cppack`` package as a ``py_module``, so that no node needs the
   driver's file system or its own install of verl_cppack.
@@ -32,14 +36,25 @@ from verl_cppack.runtime.gloo_interface import (
 )
 
 FILE_LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
+VLLM_CPU_KVCACHE_GIB = 1  # per replica: the counting task's 8 + 6 tokens x 128 sequences need ~2 MiB of it
+VLLM_CPU_ENVIRONMENT = {
+    "VLLM_CPU_KVCACHE_SPACE": str(VLLM_CPU_KVCACHE_GIB),
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+}
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 PACKAGE_DIR = Path(verl_cppack.__file__).resolve().parent
 
 
 def worker_environment(
-    metrics_path: Path, call_count_key: str, call_count_dir: Path, nnodes: int, user_env: dict[str, str] | None = None
+    metrics_path: Path,
+    call_count_key: str,
+    call_count_dir: Path,
+    nnodes: int,
+    user_env: dict[str, str] | None = None,
+    rollout: str = "hf",
 ) -> dict[str, str]:
-    """The variables set in verl's trainer and in every Ray worker of a run."""
+    """The variables set in verl's trainer and in every Ray worker of a run (``rollout``: ``vllm`` or ``hf``)."""
     user_env = os.environ if user_env is None else user_env
     environment = {
         PLATFORM_ENV: "cpu",
@@ -55,6 +70,8 @@ def worker_environment(
         environment[GLOO_INTERFACE_ENV] = "lo"  # every rank on one node
     else:
         environment[INTERFACE_REQUEST_ENV] = RAY_NODE_INTERFACE
+    if rollout == "vllm":
+        environment.update({name: user_env.get(name, value) for name, value in VLLM_CPU_ENVIRONMENT.items()})
     return environment
 
 

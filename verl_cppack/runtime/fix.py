@@ -34,12 +34,15 @@ class Fix:
     versions: str  # PEP 440 specifier the fix was written and tested for
     module: str  # the module it changes, patched when that module finishes loading
     apply: Callable[[ModuleType], None]  # checks the target (raises FixTargetChanged), then changes it
+    # a distribution without which the fix has nothing to do (vLLM's CPU build for the vLLM rollout's fixes): where
+    # it is not installed the fix is skipped ('not needed'), not refused
+    needs: str | None = None
 
 
 @dataclass
 class FixStatus:
     fix: Fix
-    state: str = "waiting"  # waiting (module not loaded in this process) | applied | refused
+    state: str = "waiting"  # waiting (module not loaded in this process) | applied | refused | not needed
     detail: str = ""
 
 
@@ -57,6 +60,9 @@ class FixSet:
 
 def _apply(status: FixStatus, module: ModuleType) -> None:
     fix = status.fix
+    if fix.needs is not None and installed_version(fix.needs) is None:
+        status.state, status.detail = "not needed", f"{fix.needs} is not installed"
+        return
     try:
         require_version(fix.distribution, fix.versions, fix.name)
         fix.apply(module)

@@ -21,6 +21,7 @@ from verl_cppack.runtime.fix import (
     expect_source,
 )
 from verl_cppack.runtime.host_device import in_host_device_scope
+from verl_cppack.runtime.vllm_fixes import VLLM_FIXES
 
 VERL = ("verl", ">=0.9.1,<0.10")
 MEGATRON = ("megatron-core", ">=0.16.1,<0.17")
@@ -341,4 +342,5 @@ FIXES: tuple[Fix, ...] = (
         "verl.workers.rollout.replica",
         hf_rollout_replica,
     ),
+    *VLLM_FIXES,  # verl's vLLM rollout on vLLM's CPU build (vllm_fixes.py)
 )

