@@ -11,8 +11,16 @@ functions untouched. With ``VERL_PLATFORM=cpu`` it also arms the CPU support for
 (``verl_cppack.runtime``), which is never armed otherwise.
 """
 
-from verl_cppack import runtime
-from verl_cppack.integrations.verl.patching import install, status, uninstall
+import importlib.util
+
+if importlib.util.find_spec("verl") is None:  # also true while verl/__init__ runs: verl is in sys.modules then
+    raise ImportError(
+        "verl_cppack.verl_plugin patches verl, which is not installed in this Python environment: "
+        "pip install 'verl-cppack[verl]' (verl 0.6.1 to 0.9.1 are tested), or import verl_cppack for the core alone"
+    )
+
+from verl_cppack import runtime  # noqa: E402 - after the check, so that a missing verl fails first and alone
+from verl_cppack.integrations.verl.patching import install, status, uninstall  # noqa: E402
 
 INSTALLED = install()
 CPU_SUPPORT = runtime.activate_if_requested()

@@ -63,9 +63,37 @@ def counted(name: str, dropin: Callable[..., Any]) -> Callable[..., Any]:
     return counting
 
 
+# Ray's key-value store has no public API; these private functions of ray.experimental.internal_kv (Ray 2.x) are
+# the ones the records use: checked before each use, so a Ray without them fails naming them (``ray_key_value``).
+RAY_KV_FUNCTIONS = ("_internal_kv_put", "_internal_kv_get", "_internal_kv_list", "_internal_kv_del")
+
+
+def ray_key_value() -> Any:
+    """``ray.experimental.internal_kv`` once it is known to have ``RAY_KV_FUNCTIONS``; a ``RuntimeError`` naming
+    what this Ray lacks and the way around it otherwise."""
+    from ray.experimental import internal_kv
+
+    missing = [name for name in RAY_KV_FUNCTIONS if not callable(getattr(internal_kv, name, None))]
+    if missing:
+        import ray
+
+        raise RuntimeError(
+            f"{COUNT_RAY_KEY_ENV} needs ray.experimental.internal_kv.{', '.join(missing)}, which Ray "
+            f"{getattr(ray, '__version__', '?')} lacks (Ray 2.x has them); unset {COUNT_RAY_KEY_ENV} and set "
+            f"{COUNT_DIR_ENV} to a shared directory instead"
+        )
+    return internal_kv
+
+
 def caller_role(max_depth: int = 40) -> str:
     """'critic' if a caller up the stack is a method of verl's value-model engine, else 'policy'."""
-    frame = sys._getframe(2)
+    get_frame = getattr(sys, "_getframe", None)  # CPython's (and PyPy's); documented, yet an implementation detail
+    if get_frame is None:
+        raise RuntimeError(
+            "counting drop-in calls by role reads the caller's frames (sys._getframe), which this Python lacks; "
+            f"unset {COUNT_DIR_ENV} and {COUNT_RAY_KEY_ENV}"
+        )
+    frame = get_frame(2)
     for _ in range(max_depth):
         if frame is None:
             break
@@ -103,9 +131,7 @@ def _record(name: str) -> None:
             sort_keys=True,
         )
         if ray is not None and key is not None:
-            from ray.experimental import internal_kv
-
-            internal_kv._internal_kv_put(f"{key}/{node}/{os.getpid()}", payload, namespace=RAY_NAMESPACE)
+            ray_key_value()._internal_kv_put(f"{key}/{node}/{os.getpid()}", payload, namespace=RAY_NAMESPACE)
             return
         directory = count_directory()
         if directory is None:  # asked for Ray's store outside Ray: a process verl runs without a cluster
@@ -124,8 +150,7 @@ def read_call_records(directory: str | Path) -> list[dict[str, Any]]:
 
 def read_ray_call_records(key: str, delete: bool = False) -> list[dict[str, Any]]:
     """Every process's record published under ``key`` in the connected Ray cluster (``delete``: then remove them)."""
-    from ray.experimental import internal_kv
-
+    internal_kv = ray_key_value()
     names = sorted(internal_kv._internal_kv_list(f"{key}/", namespace=RAY_NAMESPACE))
     records = []
     for entry in names:
