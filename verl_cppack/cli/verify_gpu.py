@@ -1,0 +1,279 @@
+"""``verl-cppack verify-gpu``: the acceptance checks that need a CUDA GPU, in one command, into one JSON report.
+
+1. ``zigzag_vs_transformer_engine``: ``core.layouts.zigzag_indices`` index for index against Transformer Engine's
+   ``transformer_engine_torch.thd_get_partitioned_indices`` on the GPU, over random padded offsets, CP sizes 1-8
+   and every rank (skipped when TE is not installed);
+2. ``cuda_equals_cpu``: plans, ``pack`` (CP 1, 2, 4, every rank, ``shift=1`` too) and ``unpack`` (CP=1) of random
+   masks on the GPU give the CPU's results exactly, for int64, bool, bf16 and fp32 with trailing dimensions;
+3. ``host_syncs``: device-to-host synchronisations counted with ``torch.cuda.set_sync_debug_mode("warn")`` while a
+   micro-batch is planned, packed (inputs, labels, a mask) and unpacked: the plan may sync once, a reuse never;
+4. ``bench``: ``verl-cppack bench --device cuda --quick`` on one CP size per available GPU (its ``results.json``);
+5. ``verify_cp``: ``verl-cppack verify-cp --cp 2`` (CP=2 against CP=1 through verl's engine forward; it runs its
+   gloo ranks where that command puts them) and its JSON report.
+
+Writes ``--output`` (default ``verify_gpu.json``). Exit status: 0 every check passed or was skipped, 1 a check
+failed, 2 there is no CUDA device (one ``error:`` line) or the arguments are wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ZIGZAG_CASES = 64  # random offset tables per CP size
+SYNC_WARNING = "synchroniz"  # the text of torch's warning for a synchronizing CUDA operation
+RunCommand = Callable[[Sequence[str], float], subprocess.CompletedProcess]
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def _random_offsets(generator: torch.Generator, cp_size: int) -> torch.Tensor:
+    """``[B+1]`` int32 padded offsets whose slots are multiples of ``2*cp_size`` (zero-length slots too)."""
+    batch = int(torch.randint(1, 9, (1,), generator=generator))
+    lengths = torch.randint(0, 9, (batch,), generator=generator) * 2 * cp_size
+    return torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
+
+
+def check_zigzag(device: torch.device, partitioned_indices: Callable[..., torch.Tensor] | None) -> dict[str, Any]:
+    """``zigzag_indices`` against ``partitioned_indices(cu_seqlens_padded, total, cp_size, cp_rank)`` (TE's)."""
+    from verl_cppack.core.layouts import zigzag_indices
+
+    if partitioned_indices is None:
+        return {"ok": None, "skipped": "transformer_engine_torch is not installed"}
+    generator = torch.Generator().manual_seed(0)
+    compared = 0
+    for cp_size in (1, 2, 3, 4, 8):
+        for _ in range(ZIGZAG_CASES):
+            offsets = _random_offsets(generator, cp_size)
+            total = int(offsets[-1])
+            if total == 0:
+                continue
+            for cp_rank in range(cp_size):
+                ours = zigzag_indices(offsets.to(device), cp_size, cp_rank)
+                theirs = partitioned_indices(offsets.to(device), total, cp_size, cp_rank)
+                compared += 1
+                if ours.shape != theirs.shape or not torch.equal(ours.cpu().long(), theirs.cpu().long()):
+                    return {
+                        "ok": False,
+                        "compared": compared,
+                        "first_difference": {
+                            "cu_seqlens_padded": offsets.tolist(),
+                            "cp_size": cp_size,
+                            "cp_rank": cp_rank,
+                            "ours": ours.tolist(),
+                            "transformer_engine": theirs.tolist(),
+                        },
+                    }
+    return {"ok": True, "compared": compared}
+
+
+def _random_mask(generator: torch.Generator, batch: int = 6, seq_len: int = 24) -> torch.Tensor:
+    mask = torch.rand(batch, seq_len, generator=generator) < 0.6
+    mask[0] = False
+    mask[0, 3] = True  # a 1-token row
+    return mask
+
+
+def check_cuda_equals_cpu(device: torch.device) -> dict[str, Any]:
+    """The same plans and packed tensors on ``device`` as on the CPU."""
+    from verl_cppack import ParallelContext, plan_from_mask
+
+    generator = torch.Generator().manual_seed(1)
+    compared, differences = 0, []
+    for trial in range(8):
+        mask = _random_mask(generator)
+        tensors = {
+            "int64": torch.randint(0, 1000, mask.shape, generator=generator),
+            "bool": torch.rand(mask.shape, generator=generator) < 0.5,
+            "bf16": torch.randn((*mask.shape, 3), generator=generator).to(torch.bfloat16),
+            "fp32": torch.randn((*mask.shape, 2, 2), generator=generator),
+        }
+        for cp_size in (1, 2, 4):
+            for cp_rank in range(cp_size):
+                ctx = ParallelContext(cp_size=cp_size, cp_rank=cp_rank)
+                on_cpu, on_device = plan_from_mask(mask, ctx), plan_from_mask(mask.to(device), ctx)
+                pairs = [("cu_seqlens_padded", on_cpu.cu_seqlens_padded, on_device.cu_seqlens_padded)]
+                pairs += [("local_index", on_cpu.local_index, on_device.local_index)]
+                for name, x in tensors.items():
+                    for shift in (0, 1):
+                        pairs.append(
+                            (
+                                f"pack {name} shift={shift}",
+                                on_cpu.pack(x, shift=shift),
+                                on_device.pack(x.to(device), shift=shift),
+                            )
+                        )
+                    if cp_size == 1:
+                        packed = on_cpu.pack(x)
+                        pairs.append((f"unpack {name}", on_cpu.unpack(packed), on_device.unpack(packed.to(device))))
+                for name, a, b in pairs:
+                    compared += 1
+                    if b.device.type != device.type or a.dtype != b.dtype or not torch.equal(a, b.cpu()):
+                        differences.append(f"trial {trial} CP={cp_size} rank {cp_rank}: {name}")
+    return {"ok": not differences, "compared": compared, "differences": differences[:20]}
+
+
+def count_host_syncs(step: Callable[[], Any], device: torch.device) -> int | None:
+    """Synchronising CUDA operations ``step`` makes (None where they cannot be counted: not a CUDA device)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    return sum(SYNC_WARNING in str(warning.message) for warning in caught)
+
+
+def check_host_syncs(device: torch.device, counter: Callable[..., int | None] = count_host_syncs) -> dict[str, Any]:
+    """Host syncs of one micro-batch: planning (at most 1), then packing and unpacking with the plan (none)."""
+    from verl_cppack import ParallelContext, plan_from_mask
+
+    generator = torch.Generator().manual_seed(2)
+    mask = _random_mask(generator, batch=16, seq_len=256).to(device)
+    ids = torch.randint(0, 1000, mask.shape, generator=generator).to(device)
+    output = torch.randn((*mask.shape, 8), generator=generator).to(device)
+    ctx = ParallelContext()
+    made: dict[str, Any] = {}
+
+    def plan() -> None:
+        made["plan"] = plan_from_mask(mask, ctx)
+
+    def reuse() -> None:
+        p = made["plan"]
+        p.pack(ids)
+        p.pack(ids, shift=1)
+        p.pack(mask)
+        p.unpack(p.pack(output))
+
+    counts = {"plan": counter(plan, device), "pack_and_unpack": counter(reuse, device)}
+    if counts["plan"] is None:
+        return {"ok": None, "skipped": f"host syncs are counted on CUDA only (device {device})", "counts": counts}
+    limits = {"plan": 1, "pack_and_unpack": 0}
+    return {"ok": all(counts[k] <= limits[k] for k in limits), "counts": counts, "limits": limits}
+
+
+def _run(command: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess:
+    return subprocess.run(list(command), capture_output=True, text=True, timeout=timeout_s)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "verl_cppack.cli", *args]
+
+
+def run_bench(folder: Path, gpus: int, run_command: RunCommand = _run) -> dict[str, Any]:
+    """``bench --device cuda --quick`` over the CP sizes the GPUs allow (1, 2, 4 up to ``gpus``)."""
+    cp_sizes = ",".join(str(cp) for cp in (1, 2, 4) if cp <= max(gpus, 1))
+    command = _cli("bench", "--device", "cuda", "--quick", "--cp-sizes", cp_sizes, "--output", str(folder))
+    result = run_command(command, 1800)
+    report: dict[str, Any] = {"ok": result.returncode == 0, "command": command[2:], "returncode": result.returncode}
+    results = folder / "results.json"
+    if results.is_file():
+        report["results"] = json.loads(results.read_text())
+    if result.returncode != 0:
+        report["stderr_tail"] = result.stderr[-2000:]
+    return report
+
+
+def run_verify_cp(folder: Path, run_command: RunCommand = _run) -> dict[str, Any]:
+    """``verify-cp --cp 2`` with its JSON report."""
+    path = folder / "verify_cp.json"
+    command = _cli("verify-cp", "--cp", "2", "--json", str(path))
+    result = run_command(command, 1800)
+    report: dict[str, Any] = {"ok": result.returncode == 0, "command": command[2:], "returncode": result.returncode}
+    if path.is_file():
+        report["report"] = json.loads(path.read_text())
+    if result.returncode != 0:
+        report["stderr_tail"] = result.stderr[-2000:]
+    return report
+
+
+def transformer_engine_indices() -> Callable[..., torch.Tensor] | None:
+    """TE's ``thd_get_partitioned_indices`` when Transformer Engine's torch extension is installed."""
+    try:
+        import transformer_engine_torch as tex
+    except ImportError:
+        return None
+    return getattr(tex, "thd_get_partitioned_indices", None)
+
+
+def collect(
+    device: torch.device,
+    folder: Path,
+    partitioned_indices: Callable[..., torch.Tensor] | None,
+    gpus: int,
+    run_command: RunCommand = _run,
+    counter: Callable[..., int | None] = count_host_syncs,
+) -> dict[str, Any]:
+    """Every check's report (a check that raises is a failed check naming the exception) and ``ok``."""
+    checks: dict[str, Callable[[], dict[str, Any]]] = {
+        "zigzag_vs_transformer_engine": lambda: check_zigzag(device, partitioned_indices),
+        "cuda_equals_cpu": lambda: check_cuda_equals_cpu(device),
+        "host_syncs": lambda: check_host_syncs(device, counter),
+        "bench": lambda: run_bench(folder / "bench", gpus, run_command),
+        "verify_cp": lambda: run_verify_cp(folder, run_command),
+    }
+    results: dict[str, Any] = {}
+    for name, check in checks.items():
+        try:
+            results[name] = check()
+        except Exception as error:  # noqa: BLE001 - one failed check must not hide the others
+            results[name] = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+    return {"ok": all(result.get("ok") is not False for result in results.values()), "checks": results}
+
+
+# ------------------------------------------------------------------------------------------------ command
+def run(args: argparse.Namespace) -> int:
+    output = Path(args.output)
+    if output.exists() and output.is_dir():
+        print(f"error: --output {output} is a directory; give the path of the JSON file to write", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print(
+            "error: verify-gpu needs a CUDA GPU, and torch.cuda.is_available() is False here "
+            f"(torch {torch.__version__}); run it on a GPU machine",
+            file=sys.stderr,
+        )
+        return 2
+    device = torch.device("cuda", torch.cuda.current_device())
+    with tempfile.TemporaryDirectory(prefix="verl_cppack_verify_gpu_") as folder:
+        report = collect(device, Path(folder), transformer_engine_indices(), torch.cuda.device_count())
+    report.update(
+        {
+            "device": torch.cuda.get_device_name(device),
+            "gpus": torch.cuda.device_count(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "transformer_engine": transformer_engine_indices() is not None,
+        }
+    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
+    for name, result in report["checks"].items():
+        state = {True: "ok", False: "FAILED", None: "skipped"}[result.get("ok")]
+        print(f"{name:30s} {state}  {result.get('skipped') or result.get('error') or ''}".rstrip())
+    print(f"report: {output}")
+    return 0 if report["ok"] else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "verify-gpu",
+        help="the GPU acceptance checks (TE zigzag, CUDA = CPU, host syncs, bench, verify-cp) into one JSON",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--output", default="verify_gpu.json", help="the JSON report (default verify_gpu.json)")
+    parser.set_defaults(func=run)
