@@ -23,9 +23,10 @@ from verl_cppack.runtime.vllm_fixes import VLLM_CPU
 
 ROLLOUTS = ("vllm", "hf")
 DEFAULT_ROLLOUT = "vllm"
-# vLLM on the host: ~3.0 GiB peak over its 4 processes at toy size, measured on an idle machine, plus its KV cache
-# (worker_env.VLLM_CPU_KVCACHE_GIB); the trainer around it needs ~8 GiB (docs/design.md).
-VLLM_ENGINE_GIB = 3.0
+# Memory a run needs: the trainer ~8 GiB, each vLLM replica ~1.5 GiB (its server actor, engine core and worker: 4.5
+# GiB proportional set size for the 4 replicas of --tp 2 --cp 2, whose whole run peaked at 18.0 GB used here) plus
+# its KV cache (worker_env.VLLM_CPU_KVCACHE_GIB).
+VLLM_ENGINE_GIB = 1.5
 TRAINER_GIB = 8.0
 IMPORT_TIMEOUT_S = 180.0
 # what the import check runs: vLLM and the platform it picks (its CPU build must pick 'cpu'), and transformers'
