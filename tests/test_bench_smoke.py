@@ -63,8 +63,15 @@ def _floors_against_verl(rank, world_size):
     from megatron.core import parallel_state
     from verl.models.mcore import util as verl_util
 
-    from verl_cppack.bench.batches import micro_batch
-    from verl_cppack.bench.floors import floor_index, postprocess_floor, preprocess_floor
+    from verl_cppack.bench.batches import EngineMicroBatch, micro_batch
+    from verl_cppack.bench.floors import (
+        engine_floor_index,
+        engine_postprocess_floor,
+        engine_preprocess_floor,
+        floor_index,
+        postprocess_floor,
+        preprocess_floor,
+    )
 
     parallel_state.initialize_model_parallel(context_parallel_size=world_size)
     try:
@@ -80,10 +87,32 @@ def _floors_against_verl(rank, world_size):
             (output,), index, tuple(mask.shape), parallel_state.get_context_parallel_group()
         )
         on_mask = torch.equal(floor_full[mask], verl_full[mask])
+        engine = EngineMicroBatch.of(batch)
+        engine_index = engine_floor_index(verl_util, engine, world_size, rank)
+        verl_packed, engine_params, _ = verl_util.preprocess_thd_engine(engine.input_ids, pre_process=True)
+        verl_labels = verl_util.preprocess_thd_engine(engine.labels, pre_process=True, need_roll=True)[0]
+        engine_real = verl_util.preprocess_thd_engine(
+            torch.nested.nested_tensor_from_jagged(
+                torch.ones_like(engine.input_ids.values()), engine.input_ids.offsets()
+            ),
+            pre_process=True,
+        )[0].bool()  # [1, T_local]
+        floor_packed = engine_preprocess_floor(engine, engine_index)
+        floor_labels = engine.labels.values().index_select(0, engine_index.pack_rolled).unsqueeze(0)
+        offsets = engine.input_ids.offsets()
+        numbered = torch.nested.nested_tensor_from_jagged(torch.arange(1, offsets[-1] + 1), offsets=offsets)
+        rolled_real = verl_util.preprocess_thd_engine(numbered, pre_process=True, need_roll=True)[0] > 0  # [1, T_local]
+        engine_output = torch.randn(verl_packed.shape, generator=torch.Generator().manual_seed(rank))
+        verl_values = verl_util.postprocess_thd_engine(engine_output, engine_params, engine.input_ids, 5).values()
+        group = parallel_state.get_context_parallel_group()
+        (floor_values,) = engine_postprocess_floor((engine_output,), engine_index, group)
         return {
             "shape": floor_ids.shape == verl_ids.shape,
             "packed": torch.equal(floor_ids[real_slots], verl_ids[real_slots]),
             "gathered": on_mask and (world_size == 1 or torch.equal(floor_full, verl_full)),
+            "engine packed": torch.equal(floor_packed[engine_real], verl_packed[engine_real]),
+            "engine labels": torch.equal(floor_labels[rolled_real], verl_labels[rolled_real]),
+            "engine gathered": torch.equal(floor_values, verl_values),
         }
     finally:
         parallel_state.destroy_model_parallel()
@@ -93,12 +122,13 @@ def _floors_against_verl(rank, world_size):
 @pytest.mark.parametrize("cp_size", [1, 2])
 def test_the_floors_move_the_bytes_verl_moves(cp_size):
     """The floor's packed ids equal verl's on every real slot (its padding slots read any element), and its
-    postprocess output equals verl's ``[B, S]`` on the mask, and at CP=2 exactly (zeros off the mask included)."""
+    postprocess output equals verl's ``[B, S]`` on the mask, and at CP=2 exactly (zeros off the mask included); the
+    engine path's floors likewise (labels rolled as verl rolls them, jagged outputs exactly)."""
     _needs_verl_and_megatron()
     from verl_cppack.runtime.gloo_world import run_world
 
     for result in run_world(_floors_against_verl, cp_size):
-        assert result == {"shape": True, "packed": True, "gathered": True}
+        assert all(result.values()), result
 
 
 @pytest.mark.slow  # gloo processes

@@ -88,7 +88,7 @@ def test_exactly_at_each_target_is_met():
         (row(verl_cppack__host_syncs=2), "B=4 S=1024 CP=2: 2 host syncs per micro-batch (target ≤ 1)"),
         (
             row(verl_cppack__peak_extra_mb=1.5),
-            "B=4 S=1024 CP=2: peak extra memory 1.50 MB, verl's 1.00 MB (target: no more than verl's)",
+            "B=4 S=1024 CP=2: peak extra memory 1.5 MB, verl's 1 MB (target: no more than verl's)",
         ),
     ],
     ids=[

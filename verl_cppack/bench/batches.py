@@ -62,3 +62,39 @@ def micro_batch(batch_size: int, seq_len: int, *, seed: int, device: str = "cpu"
 def batch_seed(batch_size: int, seq_len: int, index: int) -> int:
     """The seed of a point's ``index``-th micro-batch: the same batches in every run and on every rank."""
     return (batch_size * 1_000_003 + seq_len) * 1_000 + index
+
+
+def _jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+
+
+@dataclass(frozen=True)
+class EngineMicroBatch:
+    """What verl's engine forward (``gptmodel_forward_model_engine``) packs per micro-batch: jagged ``[B, j]`` tensors
+    of the real tokens (the same rollout batch as ``MicroBatch``), as new tensors sharing one offsets tensor."""
+
+    input_ids: torch.Tensor  # [B, j] int64 nested (jagged)
+    labels: torch.Tensor  # [B, j] int64 nested: verl rolls them itself (need_roll=True)
+    temperature: torch.Tensor  # [B, j] float32 nested: the per-token temperature verl packs for the logits processor
+
+    @classmethod
+    def of(cls, batch: MicroBatch, temperature: float = 1.0) -> EngineMicroBatch:
+        mask = batch.attention_mask
+        offsets = torch.nn.functional.pad(mask.sum(1).cumsum(0), (1, 0))
+        values = batch.input_ids[mask]  # [N]
+        temperatures = torch.full(values.shape, temperature, device=values.device)
+        return cls(_jagged(values, offsets), _jagged(values.clone(), offsets), _jagged(temperatures, offsets))
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.size(0)
+
+    def clone(self) -> EngineMicroBatch:
+        """The same values in new storage, the three sharing one new offsets tensor (as verl's do: its labels are a
+        ``clone`` of the ids and its temperatures ``expand_as_nested`` of them)."""
+        offsets = self.input_ids.offsets().clone()
+        return EngineMicroBatch(*(_jagged(t.values().clone(), offsets) for t in self.tensors))
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.input_ids, self.labels, self.temperature

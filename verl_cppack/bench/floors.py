@@ -9,7 +9,8 @@
 The indices are computed before the timed calls, with verl's own ``preprocess_packed_seqs`` and
 ``postprocess_packed_seqs`` applied to position numbers, so the floors move exactly the bytes verl's layout moves
 (and depend on nothing of verl_cppack). A packer's time over its floor is what planning, reading the mask and its
-own glue cost.
+own glue cost. The engine path (``preprocess_thd_engine`` / ``postprocess_thd_engine``, jagged inputs and outputs)
+has its own floors of the same kind: copies from the jagged values, and all-gathers plus one copy into them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from verl_cppack.bench.batches import MicroBatch
+from verl_cppack.bench.batches import EngineMicroBatch, MicroBatch
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,56 @@ def _all_gather_into(out: torch.Tensor, local: torch.Tensor, group: Any) -> None
         getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     )  # all_gather_into_tensor's newer name
     gather(out, local, group=group)
+
+
+# ------------------------------------------------------------- the engine path (jagged inputs and outputs)
+@dataclass(frozen=True)
+class EngineFloorIndex:
+    """The engine path's copies for one micro-batch on one CP rank: from and to the jagged values ``[N]``."""
+
+    pack: torch.Tensor  # [T_local] int64: jagged position of each local slot (padding slots read position 0)
+    pack_rolled: torch.Tensor  # [T_local] int64: the same for the labels, which verl rolls (need_roll=True)
+    unpack: torch.Tensor  # [N] int64: row of the gathered stream of each real token
+    local_length: int  # T_local
+    cp_size: int
+
+
+def engine_floor_index(verl_util: Any, batch: EngineMicroBatch, cp_size: int, cp_rank: int) -> EngineFloorIndex:
+    """The copies' indices from verl's ``preprocess_thd_engine`` / ``postprocess_thd_engine`` (collective at CP > 1)."""
+    offsets = batch.input_ids.offsets()
+    count = batch.input_ids.values().shape[0]
+    positions = torch.nested.nested_tensor_from_jagged(
+        torch.arange(1, count + 1, device=offsets.device), offsets=offsets
+    )  # [B, j]: jagged position + 1
+    packed, params, _ = verl_util.preprocess_thd_engine(positions, pre_process=True)  # [1, T_local]
+    rolled = verl_util.preprocess_thd_engine(positions, pre_process=True, need_roll=True)[0]  # [1, T_local]
+    local_length = packed.shape[1]
+    stream = torch.arange(1, local_length + 1, device=offsets.device) + cp_rank * local_length  # [T_local]
+    placed = verl_util.postprocess_thd_engine(stream.unsqueeze(0), params, positions, batch.batch_size)  # [B, j]
+    return EngineFloorIndex(
+        (packed[0] - 1).clamp(min=0), (rolled[0] - 1).clamp(min=0), placed.values() - 1, local_length, cp_size
+    )
+
+
+def engine_preprocess_floor(batch: EngineMicroBatch, index: EngineFloorIndex) -> torch.Tensor:
+    """The three packed tensors by ``index_select`` alone; returns the packed ids ``[1, T_local]``."""
+    packed_ids = batch.input_ids.values().index_select(0, index.pack)
+    batch.labels.values().index_select(0, index.pack_rolled)
+    batch.temperature.values().index_select(0, index.pack)
+    return packed_ids.unsqueeze(0)
+
+
+def engine_postprocess_floor(
+    outputs: tuple[torch.Tensor, ...], index: EngineFloorIndex, group: Any
+) -> list[torch.Tensor]:
+    """Each ``[1, T_local]`` output all-gathered and copied once into the jagged values ``[N]``."""
+    results = []
+    for output in outputs:
+        local = output.reshape(-1)  # [T_local]
+        if index.cp_size == 1:
+            results.append(local.index_select(0, index.unpack))
+            continue
+        gathered = local.new_empty(index.cp_size * index.local_length)
+        _all_gather_into(gathered, local, group)
+        results.append(gathered.index_select(0, index.unpack))
+    return results

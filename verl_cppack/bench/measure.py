@@ -25,9 +25,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from verl_cppack.bench.batches import MicroBatch, batch_seed, micro_batch
+from verl_cppack.bench.batches import EngineMicroBatch, MicroBatch, batch_seed, micro_batch
 from verl_cppack.bench.counters import HostReadCounter, OpCounter
-from verl_cppack.bench.floors import all_gathers_alone, floor_index, postprocess_floor, preprocess_floor
+from verl_cppack.bench.floors import (
+    all_gathers_alone,
+    engine_floor_index,
+    engine_postprocess_floor,
+    engine_preprocess_floor,
+    floor_index,
+    postprocess_floor,
+    preprocess_floor,
+)
 from verl_cppack.bench.host_allocator import keep_freed_memory
 from verl_cppack.bench.ratios import ratios
 from verl_cppack.bench.settings import BenchSettings
@@ -64,6 +72,26 @@ class UtilFunctions:
         return [self.module.postprocess_packed_seqs(o, params, mask, batch_size, seq_len) for o in outputs]
 
 
+class EngineFunctions:
+    """The engine path of verl's forward (``gptmodel_forward_model_engine``): three ``preprocess_thd_engine`` calls
+    (ids, labels rolled by verl, per-token temperature) and two ``postprocess_thd_engine`` calls, jagged in and out."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def prepare(self, batch: EngineMicroBatch) -> None:
+        return None
+
+    def preprocess(self, batch: EngineMicroBatch, prepared: None) -> tuple[torch.Tensor, Any]:
+        packed_ids, params, _ = self.module.preprocess_thd_engine(batch.input_ids, pre_process=True)
+        self.module.preprocess_thd_engine(batch.labels, pre_process=True, need_roll=True)
+        self.module.preprocess_thd_engine(batch.temperature, pre_process=True)
+        return packed_ids, params
+
+    def postprocess(self, batch: EngineMicroBatch, params: Any, outputs: tuple[torch.Tensor, ...]) -> list[Any]:
+        return [self.module.postprocess_thd_engine(o, params, batch.input_ids, batch.batch_size) for o in outputs]
+
+
 class Floor:
     """The floors (``floors.py``): the index is prepared untimed from verl's functions, then only copies and
     all-gathers run."""
@@ -82,6 +110,19 @@ class Floor:
 
     def all_gathers(self, index: Any, outputs: tuple[torch.Tensor, ...]) -> None:
         all_gathers_alone(outputs, index, self.group)
+
+
+class EngineFloor(Floor):
+    """The engine path's floors: copies from the jagged values, all-gathers plus one copy back into them."""
+
+    def prepare(self, batch: EngineMicroBatch) -> Any:
+        return engine_floor_index(self.verl_util, batch, self.cp_size, self.cp_rank)
+
+    def preprocess(self, batch: EngineMicroBatch, index: Any) -> tuple[torch.Tensor, Any]:
+        return engine_preprocess_floor(batch, index), index
+
+    def postprocess(self, batch: EngineMicroBatch, index: Any, outputs: tuple[torch.Tensor, ...]) -> list[Any]:
+        return engine_postprocess_floor(outputs, index, self.group)
 
 
 def model_outputs(packed_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,28 +183,27 @@ def measure_point(
     names = list(contenders)
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     real_tokens = []
+
+    def new_batch(index: int) -> Any:
+        batch = micro_batch(batch_size, seq_len, seed=batch_seed(batch_size, seq_len, index), device=settings.device)
+        real_tokens.append(int(batch.attention_mask.sum()))
+        return EngineMicroBatch.of(batch) if settings.functions == "engine" else batch
+
     for index in range(settings.warmup + settings.repeats):
-        base = micro_batch(batch_size, seq_len, seed=batch_seed(batch_size, seq_len, index), device=settings.device)
+        base = new_batch(index)
         order = names[index % len(names) :] + names[: index % len(names)]
         for name in order:
             times = _time_unit(contenders[name], base.clone())  # new tensors for every contender
             if index >= settings.warmup:
                 samples[name].append(times)
-        if index >= settings.warmup:
-            real_tokens.append(int(base.attention_mask.sum()))
         del base
-    counted_batch = micro_batch(
-        batch_size,
-        seq_len,
-        seed=batch_seed(batch_size, seq_len, settings.warmup + settings.repeats),
-        device=settings.device,
-    )
+    counted_batch = new_batch(settings.warmup + settings.repeats)
     point: dict[str, dict[str, Any]] = {}
     for name in names:
         keys = samples[name][0].keys()
         point[name] = {key: statistics.median(sample[key] for sample in samples[name]) for key in keys}
         point[name].update(_count_unit(contenders[name], counted_batch.clone()))
-    point["batch"] = {"mean_real_tokens": statistics.mean(real_tokens)}
+    point["batch"] = {"mean_real_tokens": statistics.mean(real_tokens[settings.warmup : -1])}  # the timed ones
     return point
 
 
@@ -180,10 +220,11 @@ def _rank(rank: int, cp_size: int, settings: BenchSettings) -> list[dict[str, An
     from verl_cppack.integrations import verl as ours
 
     parallel_state.initialize_model_parallel(context_parallel_size=cp_size)
+    functions, floor = (EngineFunctions, EngineFloor) if settings.functions == "engine" else (UtilFunctions, Floor)
     contenders = {
-        "verl": UtilFunctions(verl_util),
-        "verl_cppack": UtilFunctions(ours),
-        "floor": Floor(verl_util, parallel_state.get_context_parallel_group(), cp_size, rank),
+        "verl": functions(verl_util),
+        "verl_cppack": functions(ours),
+        "floor": floor(verl_util, parallel_state.get_context_parallel_group(), cp_size, rank),
     }
     rows = []
     try:
@@ -191,6 +232,7 @@ def _rank(rank: int, cp_size: int, settings: BenchSettings) -> list[dict[str, An
             for batch_size in settings.batch_sizes:
                 point = measure_point(contenders, batch_size, seq_len, settings)
                 row = {"batch_size": batch_size, "seq_len": seq_len, "cp_size": cp_size, **point}
+                row["functions"] = settings.functions
                 if cp_size == 1:  # the builders communicate nothing: CP only rounds their rows
                     row["vlm_masks"] = measure_vlm_masks(
                         verl_util, ours, batch_size, seq_len, settings.repeats, settings.warmup, settings.device

@@ -12,6 +12,9 @@ def _require_count(name: str, value: object, minimum: int) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
+FUNCTIONS = ("legacy", "engine")
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     """The default grid is the sizes context-parallel users run: one to a few long sequences per micro-batch
@@ -24,6 +27,7 @@ class BenchSettings:
     repeats: int = 7  # timed micro-batches per point and run, each a new batch; medians
     runs: int = 5  # fresh process groups per CP size; times are medians over runs (a run's times drift together)
     warmup: int = 3  # untimed micro-batches per point before the timed ones (the allocator grows its heap)
+    functions: str = "legacy"  # "legacy": preprocess/postprocess_packed_seqs; "engine": *_thd_engine (jagged)
     threads: int = 1
     device: str = "cpu"  # "cuda": one GPU per CP rank, nccl, CUDA-synchronised timings
     keep_freed_host_memory: bool = True  # CPU: glibc keeps freed buffers (see bench.host_allocator)
@@ -32,6 +36,8 @@ class BenchSettings:
         """Refuse settings this machine cannot run, before any process starts."""
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.functions not in FUNCTIONS:
+            raise ValueError(f"functions must be one of {FUNCTIONS}, got {self.functions!r}")
         _require_count("repeats", self.repeats, 1)
         _require_count("runs", self.runs, 1)
         _require_count("warmup", self.warmup, 0)

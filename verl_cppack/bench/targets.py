@@ -67,7 +67,7 @@ def _cost_targets(row: dict[str, Any]) -> list[str]:
         missed.append(f"{point}: {ours['host_syncs']} host syncs per micro-batch (target ≤ {MAX_HOST_SYNCS})")
     if ours["peak_extra_mb"] > verl["peak_extra_mb"]:
         missed.append(
-            f"{point}: peak extra memory {ours['peak_extra_mb']:.2f} MB, verl's {verl['peak_extra_mb']:.2f} MB "
+            f"{point}: peak extra memory {ours['peak_extra_mb']:.3g} MB, verl's {verl['peak_extra_mb']:.3g} MB "
             "(target: no more than verl's)"
         )
     return missed

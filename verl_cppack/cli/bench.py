@@ -20,7 +20,7 @@ from verl_cppack.bench.report import (
     update_generated_section,
     write_outputs,
 )
-from verl_cppack.bench.settings import BenchSettings
+from verl_cppack.bench.settings import FUNCTIONS, BenchSettings
 from verl_cppack.bench.targets import missed_targets
 from verl_cppack.bench.vlm_masks import vlm_table
 
@@ -31,7 +31,9 @@ def run(args: argparse.Namespace) -> int:
         if args.quick
         else BenchSettings(threads=args.threads, repeats=args.repeats, runs=args.runs, warmup=args.warmup)
     )
-    settings = dataclasses.replace(settings, device=args.device, keep_freed_host_memory=not args.system_malloc)
+    settings = dataclasses.replace(
+        settings, device=args.device, functions=args.functions, keep_freed_host_memory=not args.system_malloc
+    )
     try:
         for name in ("batch_sizes", "seq_lens", "cp_sizes"):
             if getattr(args, name) is not None:
@@ -138,6 +140,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="untimed micro-batches per point first (default %(default)s)",
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: one GPU per CP rank, nccl")
+    parser.add_argument(
+        "--functions",
+        default="legacy",
+        choices=FUNCTIONS,
+        help="legacy: preprocess/postprocess_packed_seqs (padded [B, S]); engine: preprocess/postprocess_thd_engine "
+        "(jagged, verl's engine forward); default %(default)s",
+    )
     parser.add_argument("--batch-sizes", help=f"comma-separated B values (default {_joined(defaults.batch_sizes)})")
     parser.add_argument("--seq-lens", help=f"comma-separated S values (default {_joined(defaults.seq_lens)})")
     parser.add_argument(
