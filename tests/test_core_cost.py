@@ -1,5 +1,5 @@
-"""Cost contract: the ATen op count of plan + pack + unpack does not grow with B (``tests.op_counts``: a block
-copy with nothing to zero skips one op); one host sync per plan."""
+"""Cost contract: the ATen op count of plan + pack + unpack does not grow with B (``tests.op_counts``: a copy
+with nothing to zero skips one op); one host sync per plan."""
 
 import pytest
 import torch
@@ -10,10 +10,6 @@ from tests.op_counts import ops_without_fills
 from verl_cppack import ParallelContext, plan_from_mask, plan_from_nested
 from verl_cppack.bench.batches import rollout_batch
 from verl_cppack.bench.counters import HostReadCounter, OpCounter
-from verl_cppack.packing import pack_copies
-
-pytestmark = pytest.mark.usefixtures("both_pack_paths")
-
 
 COPIES = 5  # three packs, two unpacks
 
@@ -29,14 +25,13 @@ def _micro_batch(batch_size, ctx):
     return dict(counter.ops), counter.syncs() + tolist.calls
 
 
-def _counts_on_two_ranks(rank, world_size, min_block_copy_positions):
-    pack_copies.MIN_BLOCK_COPY_POSITIONS = min_block_copy_positions  # a spawned process starts from the default
+def _counts_on_two_ranks(rank, world_size):
     ctx = ParallelContext(cp_size=world_size, cp_rank=rank, cp_group=dist.group.WORLD)
     return {batch_size: _micro_batch(batch_size, ctx) for batch_size in (4, 64, 256)}
 
 
 def test_op_count_is_flat_in_batch_size_and_one_sync_with_cp2():
-    for per_batch_size in run_gloo(_counts_on_two_ranks, 2, pack_copies.MIN_BLOCK_COPY_POSITIONS):
+    for per_batch_size in run_gloo(_counts_on_two_ranks, 2):
         (ops_small, syncs_small), (ops_mid, _), (ops_large, syncs_large) = per_batch_size.values()
         assert ops_without_fills(ops_small, COPIES) == ops_without_fills(ops_mid, COPIES)
         assert ops_without_fills(ops_mid, COPIES) == ops_without_fills(ops_large, COPIES)

@@ -165,15 +165,13 @@ def test_all_gather_rank_major_arguments():
     from verl_cppack.collectives.gather import all_gather_rank_major
 
     local = torch.ones(3, 2)
-    with pytest.raises(ValueError, match="zero_rows must be >= 0, got -1"):
-        all_gather_rank_major(local, ParallelContext(), zero_rows=-1)
     with pytest.raises(TypeError, match="ctx must be a ParallelContext .* got NoneType"):
         all_gather_rank_major(local, None)
     with pytest.raises(TypeError, match="local must be a torch.Tensor"):
         all_gather_rank_major([1.0], ParallelContext())
-    assert torch.equal(
-        all_gather_rank_major(local, ParallelContext(), zero_rows=2), torch.cat([local, torch.zeros(2, 2)])
-    )
+    with pytest.raises(ValueError, match="gradient must be 'local' or 'sum', got 'mean'"):
+        all_gather_rank_major(local, ParallelContext(), gradient="mean")
+    assert all_gather_rank_major(local, ParallelContext()) is local  # CP=1: nothing to gather
 
 
 @pytest.mark.parametrize("group", ["world", 0, object()])

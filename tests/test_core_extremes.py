@@ -136,7 +136,6 @@ def _bytes_of(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(torch.uint8).view(*x.shape, x.element_size())
 
 
-@pytest.mark.usefixtures("both_pack_paths")
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 @settings(max_examples=8, deadline=None)
 @given(

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tests.oracle import te_partitioned_indices
 from verl_cppack import get_layout, zigzag_indices
-from verl_cppack.core.runs import linear_runs, linear_runs_host, repeat_runs
+from verl_cppack.core.runs import count_up
 
 
 @st.composite
@@ -84,21 +84,13 @@ runs_tables = st.lists(st.tuples(st.integers(0, 6), st.integers(-1000, 1000), st
 CPU = torch.device("cpu")
 
 
-@settings(max_examples=80, deadline=None)
-@given(runs_tables)
-def test_repeat_runs_equals_repeat_interleave(runs):
-    lengths, values, _ = (np.array(column, dtype=np.int64) for column in zip(*runs))
-    expected = torch.repeat_interleave(torch.from_numpy(values), torch.from_numpy(lengths))
-    assert torch.equal(repeat_runs(values, lengths, int(lengths.sum()), CPU), expected)
-
-
 @settings(max_examples=120, deadline=None)
 @given(runs_tables, st.sampled_from([torch.int64, torch.int32]))
-def test_linear_runs_count_up_like_a_loop(runs, dtype):
-    """Run k counts up by one from its first value; zero-length runs anywhere (first, last, in a row); the device
-    expansion and the host one agree with the loop."""
+def test_count_up_counts_like_a_loop(runs, dtype):
+    """Run k counts up by one from its first value; zero-length runs anywhere (first, last, in a row); into an
+    int32 buffer as well as a fresh int64 array."""
     lengths, firsts, _ = (np.array(column, dtype=np.int64) for column in zip(*runs))
     expected = [first + i for length, first in zip(lengths, firsts) for i in range(length)]
-    values = linear_runs(firsts, lengths, int(lengths.sum()), CPU, dtype)
-    assert values.dtype == dtype and values.tolist() == expected
-    assert linear_runs_host(firsts, lengths).tolist() == expected
+    assert count_up(firsts, lengths).tolist() == expected
+    out = np.empty(int(lengths.sum()), np.int32 if dtype == torch.int32 else np.int64)
+    assert count_up(firsts, lengths, out) is out and out.tolist() == expected

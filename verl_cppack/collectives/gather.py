@@ -6,11 +6,15 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from verl_cppack.context import ParallelContext
-from verl_cppack.core.checks import require_context, require_int, require_tensor
+from verl_cppack.core.checks import require_context, require_tensor
 
 GradientContract = Literal["local", "sum"]
+
+# torch 2.13 names the all-gather into one tensor ``all_gather_single`` (``all_gather_into_tensor`` is deprecated).
+_ALL_GATHER_INTO_TENSOR = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _check_group(ctx: ParallelContext) -> None:
@@ -23,32 +27,43 @@ def _check_group(ctx: ParallelContext) -> None:
 
 
 class _AllGatherRankMajor(torch.autograd.Function):
+    """Every rank's ``local`` concatenated along ``dim`` (rank 0 first), then ``zero_rows`` zero rows: one
+    all-gather straight into the output. Backward: see ``all_gather_rank_major``."""
+
     @staticmethod
-    def forward(ctx, local: torch.Tensor, parallel: ParallelContext, contract: str, zero_rows: int) -> torch.Tensor:
-        ctx.parallel, ctx.contract, ctx.local_length = parallel, contract, local.shape[0]
-        wire = local.detach().contiguous()
+    def forward(
+        ctx, local: torch.Tensor, parallel: ParallelContext, contract: str, dim: int, zero_rows: int
+    ) -> torch.Tensor:
+        ctx.parallel, ctx.contract, ctx.dim, ctx.local_length = parallel, contract, dim, local.shape[dim]
+        wire = local.contiguous()
         if wire.dtype == torch.bool:  # gloo has no bool all-gather; same bytes as uint8
             wire = wire.view(torch.uint8)
-        stream_length = parallel.cp_size * wire.shape[0]
-        gathered = torch.empty((stream_length + zero_rows, *wire.shape[1:]), dtype=wire.dtype, device=wire.device)
-        gathered[stream_length:].zero_()
-        dist.all_gather(list(gathered[:stream_length].chunk(parallel.cp_size)), wire, group=parallel.cp_group)
+        shape = list(wire.shape)
+        stream_length = parallel.cp_size * shape[dim]
+        shape[dim] = stream_length + zero_rows
+        if zero_rows:
+            gathered = wire.new_zeros(shape)
+            into = gathered.narrow(dim, 0, stream_length)  # contiguous: every dimension before dim has size 1
+        else:
+            gathered = into = wire.new_empty(shape)
+        if dim:  # the collective concatenates along dimension 0: [1, CP * T_local, *] seen as [CP, T_local, *]
+            into = into.view(parallel.cp_size, *wire.shape[1:])
+        _ALL_GATHER_INTO_TENSOR(into, wire, group=parallel.cp_group)
         return gathered.view(torch.bool) if local.dtype == torch.bool else gathered
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        parallel = ctx.parallel
+        parallel, dim = ctx.parallel, ctx.dim
         if ctx.contract == "sum":
             grad = grad.contiguous()
             dist.all_reduce(grad, group=parallel.cp_group)
-        return grad.narrow(0, parallel.cp_rank * ctx.local_length, ctx.local_length), None, None, None
+        return grad.narrow(dim, parallel.cp_rank * ctx.local_length, ctx.local_length), None, None, None, None
 
 
 def all_gather_rank_major(
-    local: torch.Tensor, ctx: ParallelContext, gradient: GradientContract = "local", zero_rows: int = 0
+    local: torch.Tensor, ctx: ParallelContext, gradient: GradientContract = "local"
 ) -> torch.Tensor:
-    """``local`` [T_local, *] on every rank -> ``[cp_size * T_local, *]``, rank 0's rows first, then ``zero_rows``
-    zero rows (gathered in place, no extra copy; ``PackPlan.unpack`` copies blocks of rows out of it).
+    """``local`` [T_local, *] on every rank -> ``[cp_size * T_local, *]``, rank 0's rows first.
 
     ``gradient="local"`` (verl / Megatron loss scaling): the backward passes this rank's slice of the
     incoming gradient to ``local`` and nothing else. ``gradient="sum"`` (Megatron-RL, NeMo-RL, OpenRLHF):
@@ -57,12 +72,26 @@ def all_gather_rank_major(
     """
     local = require_tensor("local", local)
     require_context(ctx, allow_none=False)
-    if gradient not in ("local", "sum"):
-        raise ValueError(f"gradient must be 'local' or 'sum', got {gradient!r}")
-    require_int("zero_rows", zero_rows, minimum=0)
+    _check_contract(gradient)
     if local.dim() < 1:
         raise ValueError(f"local must be [T_local, *] (at least 1-D), got shape {tuple(local.shape)}")
     if ctx.cp_size == 1:
-        return torch.cat([local, local.new_zeros((zero_rows, *local.shape[1:]))]) if zero_rows else local
+        return local
     _check_group(ctx)
-    return _AllGatherRankMajor.apply(local, ctx, gradient, zero_rows)
+    return _AllGatherRankMajor.apply(local, ctx, gradient, 0, 0)
+
+
+def gather_stream(local: torch.Tensor, ctx: ParallelContext, gradient: GradientContract) -> torch.Tensor:
+    """A plan's ``unpack``: this rank's ``[1, T_local, *]`` -> the rank-major stream ``[1, T + 1, *]`` whose last row
+    is zero (where a copy back reads padding), gathered in place; the gradient contract of
+    ``all_gather_rank_major``. Arguments are the plan's, already checked."""
+    _check_contract(gradient)
+    if ctx.cp_size == 1:  # no communication: the local stream and one zero row (one pad op)
+        return F.pad(local, (0, 0) * (local.dim() - 2) + (0, 1))
+    _check_group(ctx)
+    return _AllGatherRankMajor.apply(local, ctx, gradient, 1, 1)
+
+
+def _check_contract(gradient: object) -> None:
+    if gradient not in ("local", "sum"):
+        raise ValueError(f"gradient must be 'local' or 'sum', got {gradient!r}")

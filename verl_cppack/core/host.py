@@ -1,8 +1,8 @@
-"""The boundary between the device and the host: one read per plan, and the small tables sent back.
+"""The boundary between the device and the host: one read per plan, and the tables sent back in one copy.
 
-A plan reads, once, everything the host must know (sizes, per-sequence lengths, the value checks); all
-per-sequence arithmetic then runs on the host with numpy, and only what the device needs (run tables,
-offsets) is copied back, pinned and non-blocking, so the copy never waits on the device.
+A plan reads, once, everything the host must know (per-sequence lengths and where they start, the value
+checks); all per-sequence arithmetic then runs on the host with numpy, and the tables the device needs travel
+as one buffer, pinned and non-blocking, so the copy never waits on the device.
 """
 
 from __future__ import annotations
@@ -12,18 +12,26 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-_NUMPY_DTYPES = {torch.long: np.int64, torch.int32: np.int32}
+_NUMPY_DTYPES = {torch.long: np.int64, torch.int32: np.int32, torch.bool: np.bool_}
 
 
 def read_to_host(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
-    """The one device->host transfer: the tensors' values as numpy arrays (int64, flattened).
+    """The one device->host transfer: the tensors' values as int64 numpy arrays (flattened).
 
-    On the CPU these are views of the tensors (no copy); on an accelerator the tensors travel as one
-    buffer in one copy, which waits for the device (the sync every plan pays once).
+    On the CPU these are views of the tensors where their dtype is int64 (no copy); on an accelerator the
+    tensors travel as one buffer in one copy (``read_as_one_buffer``), which waits for the device (the sync
+    every plan pays once).
     """
     if all(tensor.device.type == "cpu" for tensor in tensors):
         return tuple(tensor.detach().reshape(-1).long().numpy() for tensor in tensors)
     return read_as_one_buffer(*tensors)
+
+
+def host_memory(tensor: torch.Tensor) -> np.ndarray:
+    """``read_to_host`` for a CPU tensor read where it is: its own memory as numpy, dtype and shape kept."""
+    if tensor.device.type != "cpu":
+        raise ValueError(f"host_memory reads CPU tensors only, got one on {tensor.device}")
+    return tensor.detach().numpy()
 
 
 def read_as_one_buffer(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
@@ -33,9 +41,12 @@ def read_as_one_buffer(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
     return tuple(np.split(buffer, np.cumsum([t.numel() for t in flat])[:-1]))
 
 
-def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """A host table as a ``dtype`` tensor on ``device`` (pinned, non-blocking copy off the CPU)."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
+def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A host table as a tensor on ``device`` (``dtype``: converted on the host first; pinned, non-blocking copy
+    off the CPU; on the CPU the tensor shares the array's memory where no conversion is needed)."""
+    if dtype is not None:
+        array = np.ascontiguousarray(array, _NUMPY_DTYPES[dtype])
+    tensor = torch.from_numpy(array)
     if device.type == "cpu":
         return tensor
     try:
@@ -48,11 +59,9 @@ def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype = torc
 def tables_to_device(
     arrays: Sequence[np.ndarray], device: torch.device, dtype: torch.dtype = torch.long
 ) -> tuple[torch.Tensor, ...]:
-    """1-D host tables as ``dtype`` (int64 or int32) tensors on ``device``. Off the CPU: one buffer, one copy, one
-    view each. On the CPU each tensor shares its table's memory (converted only if the dtype differs; no tensor
-    op): the caller hands the tables over and must not change them afterwards."""
-    numpy_dtype = _NUMPY_DTYPES[dtype]
-    if device.type == "cpu":
-        return tuple(torch.from_numpy(np.ascontiguousarray(array, numpy_dtype)) for array in arrays)
-    buffer = np.concatenate(arrays, dtype=numpy_dtype)
-    return to_device(buffer, device, dtype).split([array.size for array in arrays])
+    """1-D host tables as ``dtype`` tensors on ``device``: one buffer, one copy, one view each (a single table is
+    sent as it is)."""
+    if len(arrays) == 1:
+        return (to_device(arrays[0], device, dtype),)
+    buffer = np.concatenate(arrays, dtype=_NUMPY_DTYPES[dtype])
+    return to_device(buffer, device).split([array.size for array in arrays])

@@ -3,7 +3,7 @@
 A layout maps the global padded stream (length ``T``, slots given by ``cu_seqlens_padded``) to
 ``cp_size`` local streams of ``T / cp_size`` tokens each. It describes each rank's local stream as
 ``Runs``: pieces of slots (a slot, offsets ``[offset, offset + length)`` inside it) in local order. Every
-per-position index a plan needs is expanded from these runs (``core.runs``); ``partition`` is the stream
+per-position index a plan needs is expanded from these runs on the host (``core.runs``); ``partition`` is the stream
 positions themselves, ``[cp_size, T / cp_size]``, whose rows concatenated are a permutation of ``range(T)``.
 """
 
@@ -21,7 +21,7 @@ from verl_cppack.context import ParallelContext
 from verl_cppack.core import host
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import check_cu_seqlens_padded, require_int
-from verl_cppack.core.runs import linear_runs
+from verl_cppack.core.runs import count_up
 
 LayoutName = Literal["zigzag", "contiguous"]
 
@@ -56,7 +56,8 @@ class Runs:
     def stream_positions(self, cu_seqlens_padded: np.ndarray, device: torch.device) -> torch.Tensor:
         """[total] int64 global stream position of each position of the runs."""
         first = self.per_slot(cu_seqlens_padded[:-1]) + self.offset
-        return linear_runs(self.flat(first), self.flat(self.length), self.total, device)
+        (positions,) = host.tables_to_device([count_up(self.flat(first), self.flat(self.length))], device)
+        return positions
 
 
 class Layout(ABC):

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from verl_cppack.context import ParallelContext
-from verl_cppack.core.runs import repeat_runs
+from verl_cppack.core.host import tables_to_device
 
 if TYPE_CHECKING:
     from verl_cppack.packing.plan import PackPlan
@@ -135,8 +135,8 @@ def packed_seq_params_later_fields(
                 "include_total_tokens=False or upgrade megatron-core"
             )
         later["total_tokens"] = plan.total_length
-        slots = np.arange(plan.batch_size)
-        later["seq_idx"] = repeat_runs(slots, tables.seqlens_padded, plan.total_length, plan.device, torch.int32)[None]
+        slots = np.repeat(np.arange(plan.batch_size), tables.seqlens_padded)  # [T] the sequence of each position
+        later["seq_idx"] = tables_to_device([slots], plan.device, torch.int32)[0][None]
     return later
 
 

@@ -6,7 +6,7 @@
 
 Cost: one device->host read (``core.host.read_to_host``: per-sequence lengths and where each sequence starts,
 with the value checks); the per-sequence arithmetic then runs on the host with numpy and the offsets travel
-back in one copy. No Python loop over sequences. A mask is scanned as 8-byte words (``packing.mask_rows``).
+back in one copy. No Python loop over sequences. A mask is scanned where it lives (``packing.mask_rows``).
 """
 
 from __future__ import annotations
@@ -59,11 +59,7 @@ def plan_of_checked_mask(
     """``plan_from_mask`` for a mask that already passed ``core.checks.require_mask`` (the drop-ins check theirs
     once, under the caller's argument name)."""
     ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
-    num_bad_values = None  # a bool mask has no bad values
-    if attention_mask.dtype != torch.bool:
-        num_bad_values = ((attention_mask != 0) & (attention_mask != 1)).sum()
-        attention_mask = attention_mask != 0
-    return _plan_of_mask_rows(ctx, layout_, alignment_, MaskRows(attention_mask), num_bad_values)
+    return _plan_of_mask_rows(ctx, layout_, alignment_, MaskRows(attention_mask))
 
 
 def plan_from_lengths(
@@ -131,22 +127,17 @@ def _plan_of_mask_rows(
     layout: Layout,
     alignment: Alignment,
     mask_rows: MaskRows,  # the token mask of a padded [B, S] source: row b is sequence b
-    num_bad_values: torch.Tensor | None,  # [] mask values other than 0/1, reported after the sync; None: bool mask
 ) -> PackPlan:
     """A padded batch: each row's tokens, from its first token (one run) or by rank in row-major order (gaps)."""
-    scalars = () if num_bad_values is None else (num_bad_values,)
-    read = host.read_to_host(*mask_rows.device_stats, *scalars)  # the plan's one device->host sync
-    if scalars and read[-1][0]:
-        raise ValueError(f"attention_mask values must be 0 or 1; found {read[-1][0]} offending entries")
-    seqlens_host, first_column, last_column = mask_rows.extents(read[: len(mask_rows.device_stats)])
-    seqlens_host = seqlens_host.copy()  # on the CPU the read is a view of the caller's tensor: own it
+    seqlens_host, first_column, last_column = mask_rows.scan()  # the plan's one device->host read
     _check_longest(int(seqlens_host.max(initial=0)))
     source_shape = tuple(mask_rows.mask.shape)
+    device = mask_rows.mask.device
     if ((last_column - first_column + 1 != seqlens_host) & (seqlens_host > 0)).any():  # rows with gaps
         token_rows = mask_rows.token_positions(int(seqlens_host.sum()))
-        return _assemble(ctx, layout, alignment, seqlens_host, None, source_shape, mask_rows.mask.device, token_rows)
+        return _assemble(ctx, layout, alignment, seqlens_host, None, source_shape, device, token_rows)
     sequence_start = np.arange(seqlens_host.size) * source_shape[1] + first_column  # one run per row
-    return _assemble(ctx, layout, alignment, seqlens_host, sequence_start, source_shape, mask_rows.mask.device)
+    return _assemble(ctx, layout, alignment, seqlens_host, sequence_start, source_shape, device)
 
 
 def _plan_of_lengths(
@@ -202,17 +193,17 @@ def _assemble(
         raise ValueError(f"the packed stream holds {total_length} positions; THD offsets are int32: split the batch")
     if sequence_start_host is None:
         sequence_start_host = cu_seqlens[:-1]
-    offsets = host.tables_to_device([seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded], device, torch.int32)
+    cu_seqlens_device, cu_seqlens_padded_device = host.tables_to_device(
+        [cu_seqlens, cu_seqlens_padded], device, torch.int32
+    )
     return PackPlan(
         ctx=ctx,
         layout=layout,
         alignment=alignment,
         batch_size=int(seqlens_host.size),
         source_shape=source_shape,
-        seqlens=offsets[0],
-        seqlens_padded=offsets[1],
-        cu_seqlens=offsets[2],
-        cu_seqlens_padded=offsets[3],
+        cu_seqlens=cu_seqlens_device,
+        cu_seqlens_padded=cu_seqlens_padded_device,
         max_seqlen=int(seqlens_host.max()),
         max_seqlen_padded=int(seqlens_padded.max()),
         num_valid_tokens=num_valid_tokens,

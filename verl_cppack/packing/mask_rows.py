@@ -1,89 +1,57 @@
-"""Where the tokens of a padded batch's ``[B, S]`` mask sit: per-row counts, first and last token column.
+"""Where the tokens of a padded batch's ``[B, S]`` mask sit: per-row token count, first and last token column.
 
-The scans behind ``plan_from_mask`` (``packing.builders``): a few ``[B]`` statistics ride on the plan's one
-device->host read; the mask is read as 8-byte words where it can (see ``MaskRows``).
+The scan behind ``plan_from_mask`` (``packing.builders``). A row whose tokens form one run (rollouts: a
+left-padded prompt then a right-padded response) is fully described by its first column and count — its span
+``last - first + 1`` equals its count only then; rows with gaps need ``token_positions`` (a rank-and-scatter
+over the whole mask). The same three statistics are computed where the mask lives: by numpy on a CPU mask's own
+memory (no tensor op, no copy: ``argmax`` stops at the first token of a row), by three tensor ops on an
+accelerator, read back in the plan's one device->host read.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
-
 import numpy as np
 import torch
 
+from verl_cppack.core import host
+
 
 class MaskRows:
-    """Where the tokens of a ``[B, S]`` bool mask sit: per-row counts, first and last token column.
+    """The token mask of a padded batch (``[B, S]``, bool or 0/1 integers) and its per-row statistics (``scan``)."""
 
-    The device computes a few ``[B]`` statistics (``device_stats``, read back in the plan's one sync); the
-    host turns them into columns (``extents``). A row whose tokens form one run (rollouts: left-padded
-    prompt + right-padded response) is then fully described by its first column and count; rows with gaps
-    need the general O(B*S) rank-and-scatter of ``token_positions``.
+    scan_cpu_masks_on_host = True  # tests turn it off to run the accelerator's tensor-op scan on CPU tensors
 
-    When ``S % 8 == 0`` the mask is read as 8-byte words (8 columns each) so the scans run over ``S/8``
-    words: the first and last non-zero word of each row, whose bytes the host inspects, and token counts as
-    lane-wise word sums (a byte lane counts its column's tokens, below 128 per group of words, so lanes never
-    carry) read back as bytes. A CPU mask is scanned by numpy on the mask's own memory (``scan_on_host``: no
-    tensor op, nothing to read back; ``argmax`` stops at the first non-zero word), and its counts are the rows'
-    spans when one ``count_nonzero`` of the whole mask shows every row is one run (else the same lane sums).
-    """
+    def __init__(self, attention_mask: torch.Tensor) -> None:
+        self.on_host = attention_mask.device.type == "cpu" and self.scan_cpu_masks_on_host
+        self._given = attention_mask
 
-    scan_cpu_masks_on_host = True  # tests turn it off to run the device scan on CPU tensors
+    @property
+    def mask(self) -> torch.Tensor:
+        """[B, S] bool, True at tokens."""
+        mask = self._given
+        return mask if mask.dtype == torch.bool else mask != 0
 
-    def __init__(self, token_mask: torch.Tensor) -> None:
-        self.mask = token_mask.contiguous()  # [B, S] bool
-        batch_size, seq_len = self.mask.shape
-        self.by_words = seq_len % 8 == 0 and self.mask.storage_offset() % 8 == 0
-        self.scan_on_host = self.by_words and self.mask.device.type == "cpu" and self.scan_cpu_masks_on_host
-        if self.scan_on_host:
-            self.device_stats = ()  # nothing to read back: ``extents`` scans the mask's memory
-        elif self.by_words:
-            words = self.mask.view(torch.int64)  # [B, W]: word w holds columns 8w .. 8w+7, one byte each
-            group = _lane_group(words.shape[1])
-            counts = words.view(batch_size, -1, group).sum(dim=2).view(torch.int8).sum(dim=1, dtype=torch.int32)
-            occupied = (words != 0).view(torch.int8)  # [B, W]
-            last = (words.shape[1] - 1) - occupied.flip(1).argmax(dim=1)
-            edges = torch.stack([occupied.argmax(dim=1), last], dim=1)  # [B, 2] first/last non-zero word
-            self.device_stats = (counts, edges, words.gather(1, edges))  # [B], [B, 2], their words
-        else:
-            as_int8 = self.mask.view(torch.int8)
-            first = as_int8.argmax(dim=1)
-            last = (seq_len - 1) - as_int8.flip(1).argmax(dim=1)
-            self.device_stats = (as_int8.sum(dim=1, dtype=torch.int32), torch.stack([first, last], 1))
-
-    def extents(self, host_stats: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The read-back ``device_stats`` -> (tokens, first token column, last token column) per row, [B]
-        (an empty row has 0 tokens; its columns are meaningless)."""
-        if self.scan_on_host:
-            mask_host = self.mask.numpy()  # [B, S] the mask's memory
-            words = mask_host.view(np.int64)  # [B, W]
-            occupied = words != 0
-            edges = np.empty((words.shape[0], 2), np.int64)  # first/last non-zero word of each row
-            occupied.argmax(axis=1, out=edges[:, 0])
-            np.subtract(words.shape[1] - 1, _reversed_rows(occupied).argmax(axis=1), out=edges[:, 1])
-            edge_words = words[np.arange(words.shape[0])[:, None], edges]  # [B, 2]
-        elif not self.by_words:
-            edges = host_stats[1].reshape(-1, 2)
-            return host_stats[0], edges[:, 0], edges[:, 1]
-        else:
-            edges, edge_words = host_stats[1].reshape(-1, 2), host_stats[2].reshape(-1, 2)
-        edge_bytes = edge_words.view(np.uint8).reshape(-1, 2, 8) != 0  # memory order = columns
-        first = edges[:, 0] * 8 + edge_bytes[:, 0].argmax(axis=1)
-        last = edges[:, 1] * 8 + (7 - edge_bytes[:, 1, ::-1].argmax(axis=1))
-        if not self.scan_on_host:
-            return host_stats[0], first, last
-        # A row's span (first to last token) is at least its token count, equal only if it is one run: when the
-        # spans add up to the mask's token count every row is one run and the spans are the counts.
-        spans = np.where(edge_words[:, 0] != 0, last - first + 1, 0)
-        if spans.sum() == np.count_nonzero(mask_host):
-            return spans, first, last
-        return self._word_counts_on_host(words), first, last
-
-    @staticmethod
-    def _word_counts_on_host(words: np.ndarray) -> np.ndarray:
-        """Tokens per row of a ``[B, W]`` word view of the mask: lane sums of groups of words, then of the lanes."""
-        return words.reshape(words.shape[0], -1, _lane_group(words.shape[1])).sum(axis=2).view(np.int8).sum(axis=1)
+    def scan(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(tokens, first token column, last token column)`` per row [B] int64 (an empty row has 0 tokens and
+        meaningless columns): the plan's one device->host read. ``ValueError`` for mask values other than 0/1."""
+        seq_len = self._given.shape[1]
+        if self.on_host:
+            values = host.host_memory(self._given)  # [B, S] the mask's memory (a strided view is read as it is)
+            if values.dtype != np.bool_:
+                _check_values(np.count_nonzero(values.view(f"u{values.itemsize}") > 1))  # negatives wrap around
+                values = values != 0
+            first = values.argmax(axis=1)
+            last = (seq_len - 1) - values[:, ::-1].argmax(axis=1)
+            return np.count_nonzero(values, axis=1), first, last
+        given = self._given
+        as_int8 = self.mask.view(torch.int8)
+        stats = [as_int8.sum(dim=1, dtype=torch.int32), as_int8.argmax(dim=1), as_int8.flip(1).argmax(dim=1)]
+        if given.dtype != torch.bool:
+            stats.append(((given != 0) & (given != 1)).sum())
+        counts, first, last_reversed, *bad = host.read_to_host(*stats)
+        if bad:
+            _check_values(int(bad[0][0]))
+        return counts, first, (seq_len - 1) - last_reversed
 
     def token_positions(self, num_tokens: int) -> torch.Tensor:
         """[N] flat ``b * S + s`` of the n-th token in row-major order (any mask)."""
@@ -93,15 +61,6 @@ class MaskRows:
         return positions.index_copy_(0, rank, torch.arange(flat.numel(), device=flat.device))[:num_tokens]
 
 
-def _reversed_rows(flags: np.ndarray) -> np.ndarray:
-    """``flags[:, ::-1]`` as a contiguous copy; rows of whole 8-byte groups are reversed group by group with the
-    bytes of each group swapped (numpy copies reversed bytes one at a time, 8-byte groups ~3x faster)."""
-    if flags.shape[1] % 8:
-        return np.ascontiguousarray(flags[:, ::-1])
-    return flags.view(np.uint64)[:, ::-1].byteswap().view(bool)
-
-
-@functools.lru_cache(maxsize=64)
-def _lane_group(num_words: int) -> int:
-    """The most words (a divisor of ``num_words``, at most 127) whose byte-lane sums stay below 128."""
-    return max(d for d in range(1, min(num_words, 127) + 1) if num_words % d == 0)
+def _check_values(num_bad: int) -> None:
+    if num_bad:
+        raise ValueError(f"attention_mask values must be 0 or 1; found {num_bad} offending entries")

@@ -1,9 +1,9 @@
 """A plan's stream positions as *pieces*: runs of positions whose values count up by one.
 
-Every copy of a plan (``pack`` with any shift, the copies back of ``unpack``, ``stream_source``) is described
-by pieces computed on the host from the layout's runs and the per-sequence tables, never by a per-position
-loop: a piece either reads its values from ``first`` on (it *has a target*) or is filled in (padding, or
-positions whose shifted target lies past the sequence end).
+Every copy of a plan (``pack`` with any shift, the copy back of ``unpack``, ``stream_source``) is described by
+pieces computed on the host from the layout's runs and the per-sequence tables, never by a per-position loop:
+a piece either reads its values from ``first`` on (it *has a target*) or gets zeros (padding, or positions whose
+shifted target lies past the sequence end).
 """
 
 from __future__ import annotations
@@ -11,26 +11,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from verl_cppack.core.layouts import Runs
-from verl_cppack.core.runs import linear_runs
+from verl_cppack.core.runs import count_up, run_starts
 
 
 @dataclass(frozen=True)
 class Pieces:
     """Host table of a stream cut into pieces that each count up by one from ``first`` over ``length``
-    positions; ``has_target`` marks the pieces whose positions hold a token (the others are filled in)."""
+    positions; ``has_target`` marks the pieces whose positions hold a token (the others get zeros)."""
 
     first: np.ndarray  # [p] int64, meaningful where has_target
     length: np.ndarray  # [p] int64, zero allowed
     has_target: np.ndarray  # [p] bool
     total: int  # length.sum()
 
-    def expand(self, filler_first: np.ndarray | int, device: torch.device) -> torch.Tensor:
-        """[total] int64 values; pieces without a target count up from ``filler_first`` instead."""
-        first = np.where(self.has_target, self.first, filler_first)
-        return linear_runs(first, self.length, self.total, device)
+    def expand(self, filler_first: np.ndarray | int, out: np.ndarray | None = None) -> np.ndarray:
+        """[total] values; pieces without a target count up from ``filler_first`` instead."""
+        return count_up(np.where(self.has_target, self.first, filler_first), self.length, out)
+
+    def positions_without_target(self) -> np.ndarray:
+        """[Z] int64 the positions of the pieces without a target, in order."""
+        empty = ~self.has_target
+        return count_up(run_starts(self.length)[empty], self.length[empty])
+
+    @property
+    def longest_without_target(self) -> int:
+        return int(np.max(self.length, initial=0, where=~self.has_target))
 
 
 def cut_pieces(

@@ -15,10 +15,9 @@ rank-major stream
     All ranks' local streams concatenated, rank 0 first: what an all-gather returns.
 
 Where each step lives: ``packing.builders`` builds a plan (``plan_from_mask`` / ``plan_from_lengths`` /
-``plan_from_nested``; one device->host read, per-sequence arithmetic on the host with numpy, no Python loop over
-sequences); ``packing.pieces`` cuts the layout's runs into pieces that count up by one; ``packing.pack_copies``
-is how ``pack`` copies them (windows of consecutive source rows, ``core.blocks``); ``packing.unpack_copies`` is
-the way back (one all-gather into the rank-major stream and a zero block, then one block copy in source order).
+``plan_from_nested``: one device->host read, per-sequence arithmetic on the host with numpy, no Python loop over
+sequences); ``packing.pieces`` cuts the layout's runs into pieces that count up by one; ``packing.copies`` is the
+one copy both directions make (an index built on the host from the pieces, zeros where no row lands).
 """
 
 from __future__ import annotations
@@ -30,15 +29,15 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from verl_cppack.collectives.gather import GradientContract
+from verl_cppack.collectives.gather import GradientContract, gather_stream
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import require_jagged, require_stream_int, require_tensor
+from verl_cppack.core.host import tables_to_device
 from verl_cppack.core.layouts import Layout, Runs
-from verl_cppack.core.runs import linear_runs, repeat_runs, run_starts
-from verl_cppack.packing.pack_copies import MAX_COPY_BLOCK, LocalPacking, as_dtype, block_rows, copy_pieces, copyable
+from verl_cppack.core.runs import count_up, run_starts
+from verl_cppack.packing.copies import RowCopy, as_dtype, communicable, copy_of_pieces, copyable
 from verl_cppack.packing.pieces import Pieces, cut_pieces
-from verl_cppack.packing.unpack_copies import CopyBack, source_order_copy
 
 
 @dataclass(frozen=True)
@@ -58,9 +57,8 @@ class PackPlan:
 
     Where the tokens come from is kept per sequence (``tables``): sequence ``i``'s ``k``-th real token is
     token-space row ``sequence_start[i] + k``, and token-space rows are source rows (``token_rows`` is
-    ``None``) or are looked up in ``token_rows``. Every per-position index (``local_source``,
-    ``local_index``, ...) is expanded on the device from those host tables and the layout's runs the first
-    time it is asked for, then kept.
+    ``None``) or are looked up in ``token_rows``. Every per-position index is expanded on the host from those
+    tables and the layout's runs the first time it is asked for, sent to the device in one copy, and kept.
     """
 
     ctx: ParallelContext
@@ -68,8 +66,6 @@ class PackPlan:
     alignment: Alignment
     batch_size: int  # number of sequences (slots)
     source_shape: tuple[int, int] | None  # (B, S) of a padded source; None for a jagged source
-    seqlens: torch.Tensor  # [n] int32 real tokens per sequence
-    seqlens_padded: torch.Tensor  # [n] int32 slot lengths
     cu_seqlens: torch.Tensor  # [n+1] int32, global
     cu_seqlens_padded: torch.Tensor  # [n+1] int32, global
     max_seqlen: int  # longest real sequence
@@ -79,8 +75,7 @@ class PackPlan:
     local_length: int  # T / cp_size
     tables: SequenceTables  # the per-sequence numbers above (and where each sequence's tokens start), on the host
     token_rows: torch.Tensor | None  # [N] int64 source row of each token in stream order; None: token space = source
-    _local_packings: dict = field(default_factory=dict, init=False, repr=False)  # (shift, wrap) -> LocalPacking
-    _copy_back_gathers: dict = field(default_factory=dict, init=False, repr=False)  # token space? -> BlockGather
+    _copies: dict = field(default_factory=dict, init=False, repr=False)  # what each copy reads, built once
 
     @property
     def source_rows(self) -> int:
@@ -95,6 +90,16 @@ class PackPlan:
     @property
     def device(self) -> torch.device:
         return self.cu_seqlens_padded.device
+
+    @cached_property
+    def seqlens(self) -> torch.Tensor:
+        """[n] int32 real tokens per sequence."""
+        return tables_to_device([self.tables.seqlens], self.device, torch.int32)[0]
+
+    @cached_property
+    def seqlens_padded(self) -> torch.Tensor:
+        """[n] int32 slot lengths."""
+        return tables_to_device([self.tables.seqlens_padded], self.device, torch.int32)[0]
 
     # ------------------------------------------------------- per-position indices
     @cached_property
@@ -112,19 +117,18 @@ class PackPlan:
         """[T_local] int64 sequence owning each local position."""
         runs = self.local_runs
         slots = runs.flat(runs.per_slot(np.arange(self.batch_size)))
-        return repeat_runs(slots, runs.flat(runs.length), runs.total, self.device)
+        return tables_to_device([np.repeat(slots, runs.flat(runs.length))], self.device)[0]
 
     @cached_property
     def local_position_ids(self) -> torch.Tensor:
         """[T_local] int64 offset inside the slot: restarts at 0 for every sequence (padding continues the count)."""
         runs = self.local_runs
-        return linear_runs(runs.flat(runs.offset), runs.flat(runs.length), runs.total, self.device)
+        return tables_to_device([count_up(runs.flat(runs.offset), runs.flat(runs.length))], self.device)[0]
 
-    @cached_property
+    @property
     def local_source(self) -> torch.Tensor:
-        """[T_local] source row of each local position (an arbitrary in-range row at padding): int32 when the
-        source has fewer than 2**31 rows, else int64. ``pack`` itself copies blocks of rows (``_local_packing``)."""
-        return self._block_copy(self._pieces(self.local_runs), 1).gather.windows
+        """[T_local] int64 source row each local position reads (an arbitrary in-range row at padding)."""
+        return self._pack_copy(0, False).index[0]
 
     @property
     def local_valid_mask(self) -> torch.Tensor:
@@ -136,29 +140,14 @@ class PackPlan:
         """[T] int64 source row of each stream position; distinct rows ``>= source_rows`` at padding."""
         pieces = self._pieces(Runs.whole_slots(self.tables.cu_seqlens_padded))
         sink = self.num_valid_tokens if self.token_rows is not None else self.source_rows  # past the token space
-        values = pieces.expand(sink + run_starts(np.where(pieces.has_target, 0, pieces.length)), self.device)
+        (values,) = tables_to_device(
+            [pieces.expand(sink + run_starts(np.where(pieces.has_target, 0, pieces.length)))], self.device
+        )
         if self.token_rows is not None:  # token index -> source row; the sinks go past the source rows
             num_sinks = self.total_length - self.num_valid_tokens
             sinks = torch.arange(self.source_rows, self.source_rows + num_sinks, device=self.device)
             values = torch.cat([self.token_rows, sinks]).index_select(0, values)
         return values
-
-    def _all_ranks_runs(self) -> Runs:
-        return self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
-
-    def _local_packing(self, shift: int, wrap: bool) -> LocalPacking:
-        """How ``pack(x, shift, wrap)`` reads this rank's positions; built once per (shift, wrap)."""
-        key = (shift, wrap and shift > 0)
-        if key not in self._local_packings:
-            pieces = self._pieces(self.local_runs, shift=shift, wrap=key[1])
-            windows_allowed = self.token_rows is None and self.source_rows >= MAX_COPY_BLOCK
-            block = block_rows(pieces, self.local_length, windows_allowed=windows_allowed)
-            self._local_packings[key] = self._block_copy(pieces, block)
-        return self._local_packings[key]
-
-    def _block_copy(self, pieces: Pieces, block: int) -> LocalPacking:
-        """``pieces`` copied in windows of ``block`` rows (``packing.pack_copies``)."""
-        return copy_pieces(pieces, block, self.source_rows, self.token_rows, self.device)
 
     def _pieces(self, runs: Runs, *, shift: int = 0, wrap: bool = False, token_order: bool = False) -> Pieces:
         """``runs`` cut into pieces (``packing.pieces``) whose values are source rows, or token indices with
@@ -166,6 +155,53 @@ class PackPlan:
         tables = self.tables  # sequence_start is in token space already when token_rows is set
         first_token = tables.cu_seqlens[:-1] if token_order else tables.sequence_start
         return cut_pieces(runs, first_token, tables.seqlens, shift=shift, wrap=wrap)
+
+    def _pack_pieces(self, shift: int, wrap: bool) -> Pieces:
+        """This rank's pieces for ``pack(x, shift, wrap)`` (host tables), cut once per (shift, wrap)."""
+        key = ("pieces", shift, wrap and shift > 0)
+        if key not in self._copies:
+            self._copies[key] = self._pieces(self.local_runs, shift=shift, wrap=key[2])
+        return self._copies[key]
+
+    def _pack_copy(self, shift: int, wrap: bool) -> RowCopy:
+        """What ``pack(x, shift, wrap)`` reads on this rank; built once per (shift, wrap)."""
+        key = ("pack", shift, wrap and shift > 0)
+        copy = self._copies.get(key)
+        if copy is None:
+            rows = self.source_rows if self.token_rows is None else self.num_valid_tokens
+            copy = copy_of_pieces(self._pack_pieces(shift, wrap), rows, self.device)
+            if self.token_rows is not None:  # token index -> its source row
+                copy = RowCopy(self.token_rows.view(1, -1).gather(1, copy.index), copy.zero_positions)
+            self._copies[key] = copy
+        return copy
+
+    def _unpack_copy(self, token_space: bool) -> RowCopy:
+        """What the copy back reads from the rank-major stream followed by one zero row: source rows, or the ``N``
+        tokens in stream order with ``token_space``. Each sequence's chunks are read from where the layout put
+        them; the gaps between them (padding) read the zero row."""
+        key = ("unpack", token_space)
+        copy = self._copies.get(key)
+        if copy is None:
+            all_ranks = self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
+            pieces = self._pieces(all_ranks, token_order=token_space)  # rank-major: [tokens, padding]...
+            stream_start = run_starts(pieces.length)  # rank-major position of every piece
+            chunks = pieces.has_target & (pieces.length > 0)
+            order = np.argsort(pieces.first[chunks], kind="stable")  # chunks are disjoint: sorted = source order
+            first, start = pieces.first[chunks][order], stream_start[chunks][order]
+            length = pieces.length[chunks][order]
+            rows = self.num_valid_tokens if token_space else self.source_rows
+            gaps = np.append(first, rows) - np.concatenate([[0], first + length])  # before each chunk, after the last
+            piece_first, piece_length = np.zeros(2 * first.size + 1, np.int64), np.empty(2 * first.size + 1, np.int64)
+            piece_first[1::2], piece_length[1::2], piece_length[0::2] = start, length, gaps
+            has_target = np.arange(piece_first.size) % 2 == 1
+            copy = copy_of_pieces(
+                Pieces(piece_first, piece_length, has_target, rows),
+                self.total_length + 1,
+                self.device,
+                zero_row=self.total_length,
+            )
+            self._copies[key] = copy
+        return copy
 
     # ------------------------------------------------------------------ pack
     def pack(self, x: torch.Tensor, *, shift: int = 0, wrap: bool = False, name: str = "x") -> torch.Tensor:
@@ -178,16 +214,23 @@ class PackPlan:
         copied as is (those the index kernels lack, e.g. float8, as same-size integers). ``name``: what errors
         call ``x``.
         """
-        require_stream_int("shift", shift)
-        rows = self._source_rows(x, name)
-        return as_dtype(self._local_packing(shift, wrap).gather.gather(copyable(rows)), rows.dtype).unsqueeze(0)
+        if shift:
+            require_stream_int("shift", shift)
+        rows = self._source_rows(x, name)  # [1, R, *]
+        return as_dtype(self._pack_copy(shift, wrap)(copyable(rows)), rows.dtype)
 
     def target_mask(self, shift: int = 1, wrap: bool = False) -> torch.Tensor:
         """``[1, T_local]`` bool: positions whose shifted target (see ``pack``) is a real token."""
         require_stream_int("shift", shift)
-        return self._local_packing(shift, wrap).target_flags.unsqueeze(0)
+        key = ("targets", shift, wrap and shift > 0)
+        if key not in self._copies:
+            pieces = self._pack_pieces(shift, wrap)
+            flags = np.repeat(pieces.has_target, pieces.length)
+            self._copies[key] = tables_to_device([flags], self.device, torch.bool)[0].view(1, -1)
+        return self._copies[key]
 
     def _source_rows(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """``x`` as ``[1, R, *]`` source rows (a view), checked against the plan."""
         require_tensor(name, x)
         if x.device != self.device:
             raise ValueError(f"{name} is on {x.device} but the plan was built on {self.device}; move one")
@@ -201,15 +244,15 @@ class PackPlan:
                     f"nested {name} has {x.size(0)} sequences / {values.shape[0]} tokens, the plan expects "
                     f"{self.batch_size} / {self.num_valid_tokens}; build a plan from this tensor's offsets"
                 )
-            return values
+            return values.unsqueeze(0)
         if x.is_nested:
             raise TypeError(f"this plan was built from a [B, S] batch: pass {name} as a padded [B, S, *] tensor")
-        if x.dim() < 2 or tuple(x.shape[:2]) != self.source_shape:
+        if x.dim() < 2 or x.shape[0] != self.source_shape[0] or x.shape[1] != self.source_shape[1]:
             raise ValueError(
                 f"{name} must have shape [B, S, *] = [{self.source_shape[0]}, {self.source_shape[1]}, *] like the "
                 f"batch the plan was built from, got {tuple(x.shape)}"
             )
-        return x.reshape(self.source_rows, *x.shape[2:])
+        return x.reshape(1, self.source_rows, *x.shape[2:])
 
     # ---------------------------------------------------------------- unpack
     def unpack(
@@ -223,8 +266,8 @@ class PackPlan:
         copied as is, as in ``pack``. ``name``: what errors call ``y_local``.
         """
         local = self._check_local(y_local, name)
-        rows = self._gather_back(copyable(local), gradient, token_order=False)
-        return self._to_source_layout(as_dtype(rows, local.dtype))
+        stream = gather_stream(communicable(local), self.ctx, gradient)  # [1, T + 1, *], the last row zero
+        return self._to_source_layout(as_dtype(self._from_stream(copyable(stream)), local.dtype))
 
     def restore(self, local_outputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """Pure, no process group: every rank's ``[1, T_local, *]`` output (rank order) -> what ``unpack`` returns."""
@@ -237,18 +280,20 @@ class PackPlan:
             raise ValueError(
                 f"restore needs one local output per CP rank ({self.ctx.cp_size}), got {len(local_outputs)}"
             )
-        outputs = [self._check_local(y, f"local_outputs[{rank}]") for rank, y in enumerate(local_outputs)]
-        if len({(y.dtype, y.shape[1:]) for y in outputs}) > 1:
+        outputs = [copyable(self._check_local(y, f"local_outputs[{rank}]")) for rank, y in enumerate(local_outputs)]
+        if len({(y.dtype, y.shape[2:]) for y in outputs}) > 1:
             raise ValueError("every rank's local output must have the same dtype and trailing dimensions")
-        rows = self._copy_back(token_order=False).restore([copyable(y) for y in outputs])
-        return self._to_source_layout(as_dtype(rows, outputs[0].dtype))
+        stream = torch.cat([*outputs, outputs[0].new_zeros((1, 1, *outputs[0].shape[2:]))], dim=1)
+        dtype = local_outputs[0].dtype
+        return self._to_source_layout(as_dtype(self._from_stream(stream), dtype))
 
     def unpack_nested(
         self, y_local: torch.Tensor, *, gradient: GradientContract = "local", name: str = "y_local"
     ) -> torch.Tensor:
         """Like ``unpack`` but always a jagged nested tensor ``[n, j, *]`` of the real tokens of each sequence."""
         local = self._check_local(y_local, name)
-        values = as_dtype(self._gather_back(copyable(local), gradient, token_order=True), local.dtype)  # [N, *]
+        stream = copyable(gather_stream(communicable(local), self.ctx, gradient))
+        values = as_dtype(self._unpack_copy(token_space=True)(stream), local.dtype)[0]  # [N, *]
         return torch.nested.nested_tensor_from_jagged(values, offsets=self.cu_seqlens.long())
 
     def _check_local(self, y_local: torch.Tensor, name: str) -> torch.Tensor:
@@ -260,26 +305,17 @@ class PackPlan:
             )
         if y_local.device != self.device:
             raise ValueError(f"{name} is on {y_local.device} but the plan was built on {self.device}; move one")
-        return y_local[0]
+        return y_local
 
-    def _gather_back(self, local: torch.Tensor, gradient: GradientContract, token_order: bool) -> torch.Tensor:
-        """This rank's ``[T_local, *]`` -> source rows ``[source_rows, *]`` (``token_order``: the N tokens in stream
-        order), every rank's rows all-gathered over ``ctx.cp_group``."""
-        return self._copy_back(token_order).gather_back(local, self.ctx, gradient)
-
-    def _copy_back(self, token_order: bool) -> CopyBack:
-        """How the rank-major stream is copied back (``packing.unpack_copies``); its tables are built once per space
-        (token space with ``token_order`` or when the tokens are looked up in ``token_rows``, else source rows)."""
-        token_space = token_order or self.token_rows is not None
-        gather = self._copy_back_gathers.get(token_space)
-        if gather is None:
-            pieces = self._pieces(self._all_ranks_runs(), token_order=token_space)  # rank-major: [tokens, padding]...
-            rows = self.num_valid_tokens if token_space else self.source_rows
-            gather = source_order_copy(pieces, rows, self.total_length, self.device)
-            self._copy_back_gathers[token_space] = gather
-        return CopyBack(gather, None if token_order else self.token_rows, self.source_rows)
+    def _from_stream(self, stream: torch.Tensor) -> torch.Tensor:
+        """The rank-major stream and its zero row ``[1, T + 1, *]`` -> source rows ``[1, R, *]``."""
+        if self.token_rows is None:
+            return self._unpack_copy(token_space=False)(stream)
+        tokens = self._unpack_copy(token_space=True)(stream)  # [1, N, *] -> their source rows (rows with gaps)
+        rows = tokens.new_zeros((1, self.source_rows, *tokens.shape[2:]))
+        return rows.index_copy_(1, self.token_rows, tokens)
 
     def _to_source_layout(self, rows: torch.Tensor) -> torch.Tensor:
         if self.source_shape is None:
-            return torch.nested.nested_tensor_from_jagged(rows, offsets=self.cu_seqlens.long())
-        return rows.view(*self.source_shape, *rows.shape[1:])
+            return torch.nested.nested_tensor_from_jagged(rows[0], offsets=self.cu_seqlens.long())
+        return rows.view(*self.source_shape, *rows.shape[2:])
