@@ -1,7 +1,6 @@
 """Cost contract: the ATen op count of plan + pack + unpack does not grow with B (``tests.op_counts``: a copy
 with nothing to zero skips one op); one host sync per plan."""
 
-import pytest
 import torch
 import torch.distributed as dist
 
