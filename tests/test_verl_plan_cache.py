@@ -115,16 +115,19 @@ def test_an_unchanged_mask_is_planned_once():
     assert record[1] is other[1] and record[0] is other[0]  # the same plan, one snapshot
 
 
-def test_an_accelerator_checks_on_the_device_without_reading_back(monkeypatch):
-    """Off the CPU the comparison is queued on the device (``_assert_async``, no host read); forced here on CPU
-    tensors, where the queued assertion fails at once."""
+def test_an_accelerator_keeps_no_copy_and_replans_after_an_in_place_edit(monkeypatch):
+    """Off the CPU (forced here on CPU tensors) a cache hit is the same tensor at the same version: no copy of the
+    mask, no device op, no host read, never a device-side assertion; an in-place edit (a new version) re-plans
+    from the current contents."""
     monkeypatch.setattr(plan_cache.SourceSnapshot, "compare_on_host", False)
     mask = torch.tensor(FIRST, dtype=torch.bool)
-    dropins.preprocess_packed_seqs(_ids(), mask)
+    _, params = dropins.preprocess_packed_seqs(_ids(), mask)
+    assert getattr(params, plan_cache.PLAN_ATTRIBUTE)[0].kept is None
+    ids = _ids()
     with OpCounter() as counter, HostReadCounter() as reads:
-        dropins.preprocess_packed_seqs(_ids(), mask)
-    assert counter.ops["aten._assert_async"] == 1
-    assert counter.syncs() == 0 and reads.calls == 0 and "aten.equal" not in counter.ops
-    _write_through_numpy(mask, OTHER)
-    with pytest.raises(RuntimeError, match="changed its contents"):
-        dropins.preprocess_packed_seqs(_ids(), mask)
+        dropins.preprocess_packed_seqs(ids, mask, pre_process=False)
+    assert sum(counter.ops.values()) == 0 and reads.calls == 0
+    mask.copy_(torch.tensor(OTHER, dtype=torch.bool))
+    packed, _ = dropins.preprocess_packed_seqs(_ids(), mask)
+    expected, _ = dropins.preprocess_packed_seqs(_ids(), torch.tensor(OTHER, dtype=torch.bool))
+    assert torch.equal(packed, expected)

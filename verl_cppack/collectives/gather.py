@@ -13,9 +13,6 @@ from verl_cppack.core.checks import require_context, require_tensor
 
 GradientContract = Literal["local", "sum"]
 
-# torch 2.13 names the all-gather into one tensor ``all_gather_single`` (``all_gather_into_tensor`` is deprecated).
-_ALL_GATHER_INTO_TENSOR = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
 
 def _check_group(ctx: ParallelContext) -> None:
     if ctx.cp_group is None:
@@ -28,7 +25,7 @@ def _check_group(ctx: ParallelContext) -> None:
 
 class _AllGatherRankMajor(torch.autograd.Function):
     """Every rank's ``local`` concatenated along ``dim`` (rank 0 first), then ``zero_rows`` zero rows: one
-    all-gather straight into the output. Backward: see ``all_gather_rank_major``."""
+    all-gather straight into views of the output. Backward: see ``all_gather_rank_major``."""
 
     @staticmethod
     def forward(
@@ -46,9 +43,8 @@ class _AllGatherRankMajor(torch.autograd.Function):
             into = gathered.narrow(dim, 0, stream_length)  # contiguous: every dimension before dim has size 1
         else:
             gathered = into = wire.new_empty(shape)
-        if dim:  # the collective concatenates along dimension 0: [1, CP * T_local, *] seen as [CP, T_local, *]
-            into = into.view(parallel.cp_size, *wire.shape[1:])
-        _ALL_GATHER_INTO_TENSOR(into, wire, group=parallel.cp_group)
+        # one buffer per rank, each shaped like the local output, as verl's own all-gather (and its tests' stand-ins)
+        dist.all_gather(list(into.chunk(parallel.cp_size, dim)), wire, group=parallel.cp_group)
         return gathered.view(torch.bool) if local.dtype == torch.bool else gathered
 
     @staticmethod

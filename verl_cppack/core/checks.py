@@ -108,17 +108,14 @@ def require_jagged(name: str, value: object) -> torch.Tensor:
 
 
 def require_true(condition: torch.Tensor, message: str) -> None:
-    """Raise ``ValueError(message)`` unless the bool tensor ``condition`` is True, without a host sync.
+    """Raise ``ValueError(message)`` unless the bool tensor ``condition`` is True.
 
-    On the CPU the value is read from the tensor's memory (numpy: nothing to wait for, no ATen op). On an
-    accelerator the check is queued on the device (``torch._assert_async``): no sync, and a False stops the
-    process with a device-side assertion when it runs — loud, never a silently wrong result.
+    On the CPU the value is read from the tensor's memory (numpy: nothing to wait for, no ATen op); on an
+    accelerator it is read back (one sync) — never a device-side assertion, which would lose the device context.
     """
-    if condition.device.type == "cpu":
-        if not condition.numpy().item():
-            raise ValueError(message)
-    else:
-        torch._assert_async(condition, message)
+    value = condition.numpy().item() if condition.device.type == "cpu" else bool(condition)
+    if not value:
+        raise ValueError(message)
 
 
 def check_cu_seqlens_padded(cu_seqlens_padded: object, slot_divisor: int) -> tuple[torch.Tensor, int]:

@@ -55,7 +55,7 @@ def document_mean_loss(
             f"{tuple(per_token_loss.shape)}"
         )
     documents = document_ids.reshape(-1).long()  # [T_local]
-    require_true(  # on an accelerator an asynchronous device assertion (no sync)
+    require_true(  # on an accelerator one read (a Python error, never a device-side assertion)
         ((documents >= 0) & (documents < num_documents)).all(),
         f"document_ids must lie in [0, num_documents) = [0, {num_documents}); pass the ids and count of the same "
         "PackedDocuments (docs.document_ids, docs.num_documents)",

@@ -407,10 +407,10 @@ def preprocess_bshd_engine(
 
 
 def _plan_for_bshd_mask(attention_mask: torch.Tensor) -> PackPlan:
-    plan = _BSHD_MASKS.lookup(attention_mask, "engine")
-    if plan is not None:
-        return plan
-    # A mask we did not make: rebuild from the real-token counts (one all-reduce over CP, one sync).
+    """The plan of a BSHD mask: the one ``preprocess_bshd_engine`` made it with, else rebuilt from the real-token
+    counts. With CP > 1 the counts are all-reduced over CP on every call, whatever this rank's cache holds, so every
+    CP rank calls the same collectives in the same order (a rank whose cache was cleared or evicted, or that was
+    handed an equal but different mask, rebuilds; the others use their plan)."""
     ctx = megatron_context()
     batch_size, local_rows = attention_mask.shape
     seqlens = (attention_mask != 0).sum(dim=1)
@@ -418,6 +418,9 @@ def _plan_for_bshd_mask(attention_mask: torch.Tensor) -> PackPlan:
         import torch.distributed as dist
 
         dist.all_reduce(seqlens, group=ctx.cp_group)
+    plan = _BSHD_MASKS.lookup(attention_mask, "engine")
+    if plan is not None:
+        return plan
     row_length = local_rows * ctx.cp_size
     plan = plan_from_lengths(seqlens, ctx, alignment=Alignment.rows(row_length))
     if plan.total_length != batch_size * row_length or not torch.equal(

@@ -3,12 +3,11 @@
 verl calls the util functions several times per micro-batch with the same attention mask (inputs, labels,
 label masks, then the gather-back of every output). Re-planning each time would cost one host sync per
 call; instead a plan is cached under the *identity and version* of its source tensor (the attention mask,
-or the offsets of a nested batch), with a copy of the source's contents (a ``SourceSnapshot``). An in-place
-edit bumps ``tensor._version`` and misses the cache; an edit that does not (``mask.numpy()[:] = ...``, a write
-through ``.data``, shared memory) is caught by comparing the contents with the copy on every hit: on the CPU
-a ``memcmp`` (a miss, the plan is rebuilt from the current contents), on an accelerator an asynchronous
-device assertion (no host sync; a changed source stops the process with a device-side assertion instead of
-using another mask's plan). An entry dies with its source tensor (weak reference with a callback), so plans
+or the offsets of a nested batch), on the CPU with a copy of the source's contents (a ``SourceSnapshot``). An
+in-place edit bumps ``tensor._version`` and misses the cache; on the CPU an edit that does not (``mask.numpy()[:] =
+...``, a write through ``.data``, shared memory) is caught by a ``memcmp`` with the copy on every hit (a miss: the
+plan is rebuilt from the current contents). On an accelerator such a write is not seen (a content check would cost
+a sync per call or a device-side assertion): build a new tensor for a new batch, as verl does. An entry dies with its source tensor (weak reference with a callback), so plans
 never outlive the micro-batch and a new tensor at a recycled address cannot hit a stale entry.
 """
 
@@ -26,12 +25,6 @@ T = TypeVar("T")
 
 # Attribute under which a drop-in records, on the PackedSeqParams it returns, the plan that made it.
 PLAN_ATTRIBUTE = "_verl_cppack_plan"
-
-CHANGED_SOURCE = (
-    "verl_cppack: a tensor a packing plan was built from (attention mask or nested offsets) changed its contents "
-    "without an in-place op torch can see (a write through .numpy(), .data or shared memory); build a new tensor "
-    "for a new batch, or call verl_cppack.integrations.verl.dropins.clear_plan_caches() after such a write"
-)
 
 
 def _libc_memcmp() -> Callable[[int, int, int], int] | None:
@@ -61,23 +54,26 @@ def _same_contents_on_host(tensor: torch.Tensor, kept: torch.Tensor) -> bool:
 class SourceSnapshot:
     """The tensor a plan was built from: a weak reference, its version and a copy of its contents."""
 
-    compare_on_host = True  # tests turn it off to run the accelerator's asynchronous check on CPU tensors
+    compare_on_host = True  # tests turn it off to run the accelerator's branch (no copy, no compare) on CPU tensors
 
     __slots__ = ("reference", "version", "kept")
 
     def __init__(self, source: torch.Tensor, reference: weakref.ref | None = None) -> None:
         self.reference = weakref.ref(source) if reference is None else reference
         self.version = source._version
-        self.kept = source.clone(memory_format=torch.contiguous_format)  # integer: no autograd to detach from
+        # a copy of a CPU source's contents (compared with memcmp on every hit); none on an accelerator
+        on_host = source.device.type == "cpu" and self.compare_on_host
+        self.kept = source.clone(memory_format=torch.contiguous_format) if on_host else None
 
     def matches(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` is the source, unchanged. On an accelerator the contents are checked by an
-        asynchronous device assertion (no sync): True is returned and a changed source stops the process."""
+        """Whether ``tensor`` is the source, unchanged: the same object at the same version (torch's in-place
+        counter), and on the CPU the same bytes. On an accelerator a write torch's version counter does not see
+        (through ``.data``, DLPack or shared memory) is not detected: comparing contents there would cost a sync
+        per call or a device-side assertion, which loses the device context."""
         if self.reference() is not tensor or tensor._version != self.version:
             return False
-        if tensor.device.type == "cpu" and self.compare_on_host:
+        if self.kept is not None:
             return _same_contents_on_host(tensor, self.kept)
-        torch._assert_async((tensor == self.kept).all(), CHANGED_SOURCE)
         return True
 
 

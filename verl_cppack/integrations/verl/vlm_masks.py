@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from verl_cppack.core.checks import require_int, require_jagged, require_true
+from verl_cppack.core.checks import require_int, require_jagged
 from verl_cppack.integrations.verl import dropins
 
 
@@ -59,15 +59,10 @@ def _aligned(length: int, aligned: bool) -> int:
 def padded_rows(nested: torch.Tensor, row_length: int, pad_token_id: int | float) -> tuple[torch.Tensor, torch.Tensor]:
     """Jagged ``[B, j, *]`` -> (``[B, row_length, *]`` real tokens first then ``pad_token_id``, mask ``[B, row_length]``
     bool, or ``[B, row_length, *]`` like the rows when the ids have trailing dimensions, as verl's). Every
-    sequence must fit (``ValueError`` otherwise; on an accelerator a device-side assertion, no sync)."""
+    sequence must fit ``row_length`` (checked by the caller: ``to_padded_tensor`` would cut it)."""
     offsets = nested.offsets()  # [B+1]
     batch_size, trailing = offsets.shape[0] - 1, nested.shape[2:]
     lengths = offsets.diff()  # [B]
-    require_true(
-        (lengths <= row_length).all(),
-        f"every sequence must fit the rows of {row_length} tokens (forced_max_seqlen below the longest sequence "
-        "would cut sequences); raise forced_max_seqlen",
-    )  # to_padded_tensor would cut them silently
     rows = nested.to_padded_tensor(pad_token_id, output_size=(batch_size, row_length, *trailing))
     mask = torch.arange(row_length, device=offsets.device) < lengths.unsqueeze(1)  # [B, row_length]
     if trailing:
@@ -75,10 +70,16 @@ def padded_rows(nested: torch.Tensor, row_length: int, pad_token_id: int | float
     return rows, mask
 
 
-def _build(input_ids: torch.Tensor, pad_token_id: object, longest: int | None, aligned: bool):
+def _build(input_ids: torch.Tensor, pad_token_id: object, forced: int | None, aligned: bool):
     nested = require_jagged("input_ids", input_ids)
     pad = _check_pad_token_id(pad_token_id, nested.dtype)
-    row_length = _aligned(dropins.longest_sequence(nested) if longest is None else longest, aligned)
+    longest = dropins.longest_sequence(nested)  # a plan's, or the one host read
+    if forced is not None and forced < longest:
+        raise ValueError(
+            f"every sequence must fit the rows of {forced} tokens, the longest has {longest} (forced_max_seqlen "
+            "below the longest sequence would cut sequences); raise forced_max_seqlen"
+        )
+    row_length = _aligned(longest if forced is None else forced, aligned)
     return padded_rows(nested, row_length, pad)
 
 
