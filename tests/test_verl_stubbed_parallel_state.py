@@ -3,7 +3,8 @@
 verl's tests run single-process: they replace ``megatron.core.parallel_state``'s getters with lambdas (no
 initialised parallel state), hand over a plain object (or a tuple) as the CP group, and stand in
 ``torch.distributed``'s ``get_world_size`` / ``get_rank`` / ``all_gather`` (here the all-gather hands every
-simulated CP rank's output, collected beforehand). The drop-ins read the parallel state through the same getters
+simulated CP rank's output, collected beforehand; ``all_reduce`` too, which the BSHD gather-back calls on every
+call so that no rank's cache decides its collectives). The drop-ins read the parallel state through the same getters
 and accept any group ``torch.distributed`` — as the process has it — can tell the size and rank of; a string or
 a number stays refused. Compared with verl 0.9.1's own functions at CP=2 (both simulated ranks) and with the
 batch itself.
@@ -38,7 +39,14 @@ class Stubs:
         monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: CP)
         monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: self.rank)
         monkeypatch.setattr(torch.distributed, "all_gather", self.all_gather)
+        monkeypatch.setattr(torch.distributed, "all_reduce", self.all_reduce)
         ours.clear_plan_caches()
+
+    def all_reduce(self, tensor, op=None, group=None, async_op=False):
+        """The BSHD gather-back's sum of real-token counts over CP (verl's own function needs none): every
+        simulated rank's counts, known beforehand — each row's tokens."""
+        assert group is self.group
+        tensor.copy_(MASK.sum(dim=1))
 
     def all_gather(self, outputs, tensor, group=None, async_op=False):
         assert group is self.group
