@@ -201,8 +201,8 @@ def test_one_plan_serves_every_tensor_of_the_micro_batch():
 
 @st.composite
 def wide_masks(draw):
-    """Rows wide enough to be read as 8-byte words (W = S/8 up to 257, lane sums over several word groups),
-    runs that start and end on and off word boundaries, gapped and empty rows; also a view at a storage offset."""
+    """Wide and narrow rows (S up to 2056, odd widths too), runs that start and end anywhere, gapped, empty and
+    full rows; also a view at a storage offset."""
     seq_len = draw(st.sampled_from([8, 16, 1016, 1024, 2056, 13, 100]))
     rows = []
     for _ in range(draw(st.integers(1, 5))):
