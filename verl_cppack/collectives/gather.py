@@ -40,7 +40,7 @@ class _AllGatherRankMajor(torch.autograd.Function):
         shape[dim] = stream_length + zero_rows
         if zero_rows:
             gathered = wire.new_zeros(shape)
-            into = gathered.narrow(dim, 0, stream_length)  # contiguous: every dimension before dim has size 1
+            into = gathered.narrow(dim, 0, stream_length)  # contiguous: dim is 0 or every dimension before it is 1
         else:
             gathered = into = wire.new_empty(shape)
         # one buffer per rank, each shaped like the local output, as verl's own all-gather (and its tests' stand-ins)
@@ -78,14 +78,14 @@ def all_gather_rank_major(
 
 
 def gather_stream(local: torch.Tensor, ctx: ParallelContext, gradient: GradientContract) -> torch.Tensor:
-    """A plan's ``unpack``: this rank's ``[1, T_local, *]`` -> the rank-major stream ``[1, T + 1, *]`` whose last row
-    is zero (where a copy back reads padding), gathered in place; the gradient contract of
-    ``all_gather_rank_major``. Arguments are the plan's, already checked."""
+    """A plan's ``unpack``: this rank's ``[T_local, *]`` -> the rank-major stream ``[T + 1, *]`` whose last row is zero
+    (where a copy back reads padding), gathered in place; the gradient contract of ``all_gather_rank_major``.
+    Arguments are the plan's, already checked."""
     _check_contract(gradient)
     if ctx.cp_size == 1:  # no communication: the local stream and one zero row (one pad op)
-        return F.pad(local, (0, 0) * (local.dim() - 2) + (0, 1))
+        return F.pad(local, (0, 0) * (local.dim() - 1) + (0, 1))
     _check_group(ctx)
-    return _AllGatherRankMajor.apply(local, ctx, gradient, 1, 1)
+    return _AllGatherRankMajor.apply(local, ctx, gradient, 0, 1)
 
 
 def _check_contract(gradient: object) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ class Alignment:
             )
 
     @classmethod
+    @functools.lru_cache(maxsize=64, typed=True)  # frozen, so shared: the drop-ins ask for one per call
     def per_slot(cls, multiple: int) -> Alignment:
         """Pad every slot to ``multiple`` (no extra stream-level padding)."""
         return cls(slot_multiple=multiple, stream_multiple=multiple)

@@ -31,7 +31,7 @@ def host_memory(tensor: torch.Tensor) -> np.ndarray:
     """``read_to_host`` for a CPU tensor read where it is: its own memory as numpy, dtype and shape kept."""
     if tensor.device.type != "cpu":
         raise ValueError(f"host_memory reads CPU tensors only, got one on {tensor.device}")
-    return tensor.detach().numpy()
+    return (tensor.detach() if tensor.requires_grad else tensor).numpy()
 
 
 def read_as_one_buffer(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
@@ -61,7 +61,7 @@ def tables_to_device(
 ) -> tuple[torch.Tensor, ...]:
     """1-D host tables as ``dtype`` tensors on ``device``: one buffer, one copy, one view each (a single table is
     sent as it is)."""
-    if len(arrays) == 1:
-        return (to_device(arrays[0], device, dtype),)
+    if len(arrays) == 1 or device.type == "cpu":  # on the CPU each table is a tensor over its own memory
+        return tuple(to_device(array, device, dtype) for array in arrays)
     buffer = np.concatenate(arrays, dtype=_NUMPY_DTYPES[dtype])
     return to_device(buffer, device).split([array.size for array in arrays])

@@ -2,7 +2,7 @@
 
 A layout maps the global padded stream (length ``T``, slots given by ``cu_seqlens_padded``) to
 ``cp_size`` local streams of ``T / cp_size`` tokens each. It describes each rank's local stream as
-``Runs``: pieces of slots (a slot, offsets ``[offset, offset + length)`` inside it) in local order. Every
+``Runs``: parts of slots (a slot, offsets ``[offset, offset + length)`` inside it) in local order. Every
 per-position index a plan needs is expanded from these runs on the host (``core.runs``); ``partition`` is the stream
 positions themselves, ``[cp_size, T / cp_size]``, whose rows concatenated are a permutation of ``range(T)``.
 """
@@ -28,35 +28,29 @@ LayoutName = Literal["zigzag", "contiguous"]
 
 @dataclass(frozen=True)
 class Runs:
-    """Pieces of slots laid out one after another (host tables): the run at each index of ``offset`` /
-    ``length`` (read in row-major order) holds offsets ``[offset, offset + length)`` of the slot given by its
-    index along ``slot_dim``. Per-slot ``[n]`` arrays broadcast against the runs through ``per_slot``."""
+    """Pieces of slots laid out one after another (host tables, one entry per run, in layout order): run ``k``
+    holds offsets ``[offset[k], offset[k] + length[k])`` of slot ``slot[k]``."""
 
-    offset: np.ndarray  # [..., n, ...] int64 offset inside the slot where each run begins
-    length: np.ndarray  # same shape (may be a broadcast view), zero allowed
-    slot_dim: int  # the dimension of offset/length that indexes slots
+    slot: np.ndarray  # [k] int64 the slot each run belongs to
+    offset: np.ndarray  # [k] int64 offset inside the slot where the run begins
+    length: np.ndarray  # [k] int64, zero allowed
     total: int  # length.sum()
 
     @classmethod
     def whole_slots(cls, cu_seqlens_padded: np.ndarray) -> Runs:
         """The stream itself: one run per slot."""
-        slot_lengths = cu_seqlens_padded[1:] - cu_seqlens_padded[:-1]
-        return cls(np.zeros_like(slot_lengths), slot_lengths, 0, int(cu_seqlens_padded[-1]))
+        slot_lengths = np.diff(cu_seqlens_padded)
+        n = slot_lengths.size
+        return cls(np.arange(n), np.zeros(n, np.int64), slot_lengths, int(cu_seqlens_padded[-1]))
 
-    def per_slot(self, values: np.ndarray) -> np.ndarray:
-        """``values`` [n] -> a view that broadcasts against ``offset`` along the slot dimension."""
-        shape = [1] * self.offset.ndim
-        shape[self.slot_dim] = -1
-        return values.reshape(shape)
-
-    def flat(self, values: np.ndarray) -> np.ndarray:
-        """An array broadcastable to the runs' shape -> [k], one entry per run in layout order."""
-        return np.broadcast_to(values, self.offset.shape).reshape(-1)
+    def per_run(self, values: np.ndarray) -> np.ndarray:
+        """``values`` [n] per slot -> [k], the value of each run's slot."""
+        return values[self.slot]
 
     def stream_positions(self, cu_seqlens_padded: np.ndarray, device: torch.device) -> torch.Tensor:
         """[total] int64 global stream position of each position of the runs."""
-        first = self.per_slot(cu_seqlens_padded[:-1]) + self.offset
-        (positions,) = host.tables_to_device([count_up(self.flat(first), self.flat(self.length))], device)
+        first = self.per_run(cu_seqlens_padded[:-1]) + self.offset
+        (positions,) = host.tables_to_device([count_up(first, self.length)], device)
         return positions
 
 
@@ -114,14 +108,16 @@ class ZigzagLayout(Layout):
     def runs(self, cu_seqlens_padded: np.ndarray, cp_size: int, ranks: Sequence[int]) -> Runs:
         if cp_size == 1:
             return Runs.whole_slots(cu_seqlens_padded)
-        # Rank r holds, for every slot, its front chunk r then its back chunk 2*CP-1-r: runs [R, n, 2].
-        chunk = (np.diff(cu_seqlens_padded) // (2 * cp_size)).reshape(1, -1, 1)  # [1, n, 1] chunk length of each slot
-        chunk_id = np.array([[r, 2 * cp_size - 1 - r] for r in ranks]).reshape(-1, 1, 2)  # [R, 1, 2]
+        # Rank r holds, for every slot, its front chunk r then its back chunk 2*CP-1-r: runs [R, n, 2] in that order.
+        chunk = np.diff(cu_seqlens_padded) // (2 * cp_size)  # [n] chunk length of each slot
+        rank = np.asarray(ranks, np.int64).reshape(-1, 1, 1)  # [R, 1, 1]
+        chunk_id = np.concatenate([rank, 2 * cp_size - 1 - rank], axis=2)  # [R, 1, 2]
+        num_ranks = rank.shape[0]
         return Runs(
-            offset=chunk_id * chunk,
-            length=np.broadcast_to(chunk, (len(chunk_id), chunk.shape[1], 2)),
-            slot_dim=1,
-            total=len(chunk_id) * (int(cu_seqlens_padded[-1]) // cp_size),
+            slot=np.tile(np.arange(chunk.size).repeat(2), num_ranks),
+            offset=(chunk_id * chunk.reshape(1, -1, 1)).reshape(-1),
+            length=np.tile(chunk.repeat(2), num_ranks),
+            total=num_ranks * (int(cu_seqlens_padded[-1]) // cp_size),
         )
 
 
@@ -140,9 +136,9 @@ class ContiguousLayout(Layout):
         start = np.maximum(cu_seqlens_padded[:-1], window_start)  # [R, n]
         end = np.minimum(cu_seqlens_padded[1:], window_start + local_length)  # [R, n]
         return Runs(
-            offset=start - cu_seqlens_padded[:-1],
-            length=np.maximum(end - start, 0),
-            slot_dim=1,
+            slot=np.broadcast_to(np.arange(start.shape[1]), start.shape).reshape(-1),
+            offset=(start - cu_seqlens_padded[:-1]).reshape(-1),
+            length=np.maximum(end - start, 0).reshape(-1),
             total=len(window_start) * local_length,
         )
 

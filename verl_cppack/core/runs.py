@@ -12,8 +12,9 @@ import numpy as np
 
 def run_offsets(lengths: np.ndarray) -> np.ndarray:
     """``lengths`` [k] -> [k+1] where each run begins, then the total (``cu_seqlens`` of the lengths)."""
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = np.empty(len(lengths) + 1, dtype=np.int64)
+    offsets[0] = 0
+    np.asarray(lengths).cumsum(out=offsets[1:])
     return offsets
 
 
@@ -22,13 +23,17 @@ def run_starts(lengths: np.ndarray) -> np.ndarray:
     return run_offsets(lengths)[:-1]
 
 
-def count_up(first: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Run ``k`` counts up by one from ``first[k]`` over ``lengths[k]`` positions -> [lengths.sum()] (into ``out``
-    if given, whose dtype the values must fit). Zero-length runs are allowed."""
+def count_up(
+    first: np.ndarray, lengths: np.ndarray, out: np.ndarray | None = None, dtype: type = np.int64
+) -> np.ndarray:
+    """Run ``k`` counts up by one from ``first[k]`` over ``lengths[k]`` positions -> [lengths.sum()] of ``dtype`` (into
+    ``out`` if given, whose dtype the values must fit). Zero-length runs are allowed."""
     offsets = run_offsets(lengths)
     total = int(offsets[-1])
+    target = np.dtype(dtype if out is None else out.dtype)
+    values = np.repeat((np.asarray(first, np.int64) - offsets[:-1]).astype(target, copy=False), lengths)
+    values += np.arange(total, dtype=target)
     if out is None:
-        out = np.empty(total, np.int64)
-    out[:] = np.repeat(np.asarray(first, np.int64) - offsets[:-1], lengths)
-    out += np.arange(total, dtype=out.dtype)
+        return values
+    out[:] = values
     return out

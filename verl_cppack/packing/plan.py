@@ -16,8 +16,8 @@ rank-major stream
 
 Where each step lives: ``packing.builders`` builds a plan (``plan_from_mask`` / ``plan_from_lengths`` /
 ``plan_from_nested``: one device->host read, per-sequence arithmetic on the host with numpy, no Python loop over
-sequences); ``packing.pieces`` cuts the layout's runs into pieces that count up by one; ``packing.copies`` is the
-one copy both directions make (an index built on the host from the pieces, zeros where no row lands).
+sequences); ``packing.indices`` expands the layout's runs into the per-position indices on the host; ``packing.copies`` is the
+one copy both directions make (one ``index_select``, zeros where no row lands).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import require_jagged, require_stream_int, require_tensor
 from verl_cppack.core.host import tables_to_device
 from verl_cppack.core.layouts import Layout, Runs
-from verl_cppack.core.runs import count_up, run_starts
-from verl_cppack.packing.copies import RowCopy, as_dtype, communicable, copy_of_pieces, copyable
-from verl_cppack.packing.pieces import Pieces, cut_pieces
+from verl_cppack.core.runs import count_up
+from verl_cppack.packing.copies import RowCopy, as_dtype, communicable, copyable
+from verl_cppack.packing.indices import pack_index, unpack_index
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class PackPlan:
     # ------------------------------------------------------- per-position indices
     @cached_property
     def local_runs(self) -> Runs:
-        """This rank's local stream as runs of slot pieces (the layout's cut), host tables."""
+        """This rank's local stream as runs of slot parts (the layout's cut), host tables."""
         return self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, [self.ctx.cp_rank])
 
     @cached_property
@@ -116,19 +116,18 @@ class PackPlan:
     def local_slot(self) -> torch.Tensor:
         """[T_local] int64 sequence owning each local position."""
         runs = self.local_runs
-        slots = runs.flat(runs.per_slot(np.arange(self.batch_size)))
-        return tables_to_device([np.repeat(slots, runs.flat(runs.length))], self.device)[0]
+        return tables_to_device([np.repeat(runs.slot, runs.length)], self.device)[0]
 
     @cached_property
     def local_position_ids(self) -> torch.Tensor:
         """[T_local] int64 offset inside the slot: restarts at 0 for every sequence (padding continues the count)."""
         runs = self.local_runs
-        return tables_to_device([count_up(runs.flat(runs.offset), runs.flat(runs.length))], self.device)[0]
+        return tables_to_device([count_up(runs.offset, runs.length)], self.device)[0]
 
     @property
     def local_source(self) -> torch.Tensor:
         """[T_local] int64 source row each local position reads (an arbitrary in-range row at padding)."""
-        return self._pack_copy(0, False).index[0]
+        return self._pack_copy(0, False).index.long()
 
     @property
     def local_valid_mask(self) -> torch.Tensor:
@@ -138,29 +137,36 @@ class PackPlan:
     @cached_property
     def stream_source(self) -> torch.Tensor:
         """[T] int64 source row of each stream position; distinct rows ``>= source_rows`` at padding."""
-        pieces = self._pieces(Runs.whole_slots(self.tables.cu_seqlens_padded))
-        sink = self.num_valid_tokens if self.token_rows is not None else self.source_rows  # past the token space
-        (values,) = tables_to_device(
-            [pieces.expand(sink + run_starts(np.where(pieces.has_target, 0, pieces.length)))], self.device
+        rows = self._token_space_rows
+        values, padding = pack_index(
+            Runs.whole_slots(self.tables.cu_seqlens_padded), self._first_row, self.tables.seqlens, rows
         )
+        values = values.astype(np.int64)
+        values[padding] = rows + np.arange(padding.size)  # past the token space, one row each
+        (values,) = tables_to_device([values], self.device)
         if self.token_rows is not None:  # token index -> source row; the sinks go past the source rows
-            num_sinks = self.total_length - self.num_valid_tokens
-            sinks = torch.arange(self.source_rows, self.source_rows + num_sinks, device=self.device)
+            sinks = torch.arange(self.source_rows, self.source_rows + padding.size, device=self.device)
             values = torch.cat([self.token_rows, sinks]).index_select(0, values)
         return values
 
-    def _pieces(self, runs: Runs, *, shift: int = 0, wrap: bool = False, token_order: bool = False) -> Pieces:
-        """``runs`` cut into pieces (``packing.pieces``) whose values are source rows, or token indices with
-        ``token_order`` or when the tokens are looked up in ``token_rows``."""
-        tables = self.tables  # sequence_start is in token space already when token_rows is set
-        first_token = tables.cu_seqlens[:-1] if token_order else tables.sequence_start
-        return cut_pieces(runs, first_token, tables.seqlens, shift=shift, wrap=wrap)
+    @property
+    def _token_space_rows(self) -> int:
+        """Rows the plan's indices read: source rows, or the ``N`` tokens when they are looked up in ``token_rows``."""
+        return self.source_rows if self.token_rows is None else self.num_valid_tokens
 
-    def _pack_pieces(self, shift: int, wrap: bool) -> Pieces:
-        """This rank's pieces for ``pack(x, shift, wrap)`` (host tables), cut once per (shift, wrap)."""
-        key = ("pieces", shift, wrap and shift > 0)
+    @property
+    def _first_row(self) -> np.ndarray:
+        """[n] each sequence's first token in token space (``sequence_start`` is in token space already when
+        ``token_rows`` is set)."""
+        return self.tables.sequence_start
+
+    def _pack_index(self, shift: int, wrap: bool) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's ``(index, zero_positions)`` for ``pack(x, shift, wrap)`` (host tables), made once per key."""
+        key = ("index", shift, wrap and shift > 0)
         if key not in self._copies:
-            self._copies[key] = self._pieces(self.local_runs, shift=shift, wrap=key[2])
+            self._copies[key] = pack_index(
+                self.local_runs, self._first_row, self.tables.seqlens, self._token_space_rows, shift=shift, wrap=key[2]
+            )
         return self._copies[key]
 
     def _pack_copy(self, shift: int, wrap: bool) -> RowCopy:
@@ -168,39 +174,25 @@ class PackPlan:
         key = ("pack", shift, wrap and shift > 0)
         copy = self._copies.get(key)
         if copy is None:
-            rows = self.source_rows if self.token_rows is None else self.num_valid_tokens
-            copy = copy_of_pieces(self._pack_pieces(shift, wrap), rows, self.device)
+            copy = RowCopy.of(*self._pack_index(shift, wrap), self.device)
             if self.token_rows is not None:  # token index -> its source row
-                copy = RowCopy(self.token_rows.view(1, -1).gather(1, copy.index), copy.zero_positions)
+                copy = RowCopy(self.token_rows.index_select(0, copy.index), copy.zero_positions)
             self._copies[key] = copy
         return copy
 
     def _unpack_copy(self, token_space: bool) -> RowCopy:
         """What the copy back reads from the rank-major stream followed by one zero row: source rows, or the ``N``
         tokens in stream order with ``token_space``. Each sequence's chunks are read from where the layout put
-        them; the gaps between them (padding) read the zero row."""
+        them; the rows between them read the zero row."""
         key = ("unpack", token_space)
         copy = self._copies.get(key)
         if copy is None:
-            all_ranks = self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
-            pieces = self._pieces(all_ranks, token_order=token_space)  # rank-major: [tokens, padding]...
-            stream_start = run_starts(pieces.length)  # rank-major position of every piece
-            chunks = pieces.has_target & (pieces.length > 0)
-            order = np.argsort(pieces.first[chunks], kind="stable")  # chunks are disjoint: sorted = source order
-            first, start = pieces.first[chunks][order], stream_start[chunks][order]
-            length = pieces.length[chunks][order]
+            tables = self.tables
+            all_ranks = self.layout.runs(tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
+            first = tables.cu_seqlens[:-1] if token_space else tables.sequence_start
             rows = self.num_valid_tokens if token_space else self.source_rows
-            gaps = np.append(first, rows) - np.concatenate([[0], first + length])  # before each chunk, after the last
-            piece_first, piece_length = np.zeros(2 * first.size + 1, np.int64), np.empty(2 * first.size + 1, np.int64)
-            piece_first[1::2], piece_length[1::2], piece_length[0::2] = start, length, gaps
-            has_target = np.arange(piece_first.size) % 2 == 1
-            copy = copy_of_pieces(
-                Pieces(piece_first, piece_length, has_target, rows),
-                self.total_length + 1,
-                self.device,
-                zero_row=self.total_length,
-            )
-            self._copies[key] = copy
+            index = unpack_index(all_ranks, first, tables.seqlens, rows, zero_row=self.total_length)
+            copy = self._copies[key] = RowCopy.of(index, np.empty(0, np.int64), self.device)
         return copy
 
     # ------------------------------------------------------------------ pack
@@ -216,21 +208,21 @@ class PackPlan:
         """
         if shift:
             require_stream_int("shift", shift)
-        rows = self._source_rows(x, name)  # [1, R, *]
-        return as_dtype(self._pack_copy(shift, wrap)(copyable(rows)), rows.dtype)
+        rows = self._source_rows(x, name)  # [R, *]
+        return as_dtype(self._pack_copy(shift, wrap)(copyable(rows)), rows.dtype).unsqueeze(0)
 
     def target_mask(self, shift: int = 1, wrap: bool = False) -> torch.Tensor:
         """``[1, T_local]`` bool: positions whose shifted target (see ``pack``) is a real token."""
         require_stream_int("shift", shift)
         key = ("targets", shift, wrap and shift > 0)
         if key not in self._copies:
-            pieces = self._pack_pieces(shift, wrap)
-            flags = np.repeat(pieces.has_target, pieces.length)
+            flags = np.ones(self.local_length, np.bool_)
+            flags[self._pack_index(shift, wrap)[1]] = False
             self._copies[key] = tables_to_device([flags], self.device, torch.bool)[0].view(1, -1)
         return self._copies[key]
 
     def _source_rows(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """``x`` as ``[1, R, *]`` source rows (a view), checked against the plan."""
+        """``x`` as ``[R, *]`` source rows (a view), checked against the plan."""
         require_tensor(name, x)
         if x.device != self.device:
             raise ValueError(f"{name} is on {x.device} but the plan was built on {self.device}; move one")
@@ -244,7 +236,7 @@ class PackPlan:
                     f"nested {name} has {x.size(0)} sequences / {values.shape[0]} tokens, the plan expects "
                     f"{self.batch_size} / {self.num_valid_tokens}; build a plan from this tensor's offsets"
                 )
-            return values.unsqueeze(0)
+            return values
         if x.is_nested:
             raise TypeError(f"this plan was built from a [B, S] batch: pass {name} as a padded [B, S, *] tensor")
         if x.dim() < 2 or x.shape[0] != self.source_shape[0] or x.shape[1] != self.source_shape[1]:
@@ -252,7 +244,7 @@ class PackPlan:
                 f"{name} must have shape [B, S, *] = [{self.source_shape[0]}, {self.source_shape[1]}, *] like the "
                 f"batch the plan was built from, got {tuple(x.shape)}"
             )
-        return x.reshape(1, self.source_rows, *x.shape[2:])
+        return x.reshape(self.source_rows, *x.shape[2:])
 
     # ---------------------------------------------------------------- unpack
     def unpack(
@@ -265,8 +257,8 @@ class PackPlan:
         (verl's contract) only this rank's chunk receives gradient, see ``all_gather_rank_major``. Every dtype is
         copied as is, as in ``pack``. ``name``: what errors call ``y_local``.
         """
-        local = self._check_local(y_local, name)
-        stream = gather_stream(communicable(local), self.ctx, gradient)  # [1, T + 1, *], the last row zero
+        local = self._check_local(y_local, name)[0]  # [T_local, *]
+        stream = gather_stream(communicable(local), self.ctx, gradient)  # [T + 1, *], the last row zero
         return self._to_source_layout(as_dtype(self._from_stream(copyable(stream)), local.dtype))
 
     def restore(self, local_outputs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -280,10 +272,10 @@ class PackPlan:
             raise ValueError(
                 f"restore needs one local output per CP rank ({self.ctx.cp_size}), got {len(local_outputs)}"
             )
-        outputs = [copyable(self._check_local(y, f"local_outputs[{rank}]")) for rank, y in enumerate(local_outputs)]
-        if len({(y.dtype, y.shape[2:]) for y in outputs}) > 1:
+        outputs = [copyable(self._check_local(y, f"local_outputs[{rank}]"))[0] for rank, y in enumerate(local_outputs)]
+        if len({(y.dtype, y.shape[1:]) for y in outputs}) > 1:
             raise ValueError("every rank's local output must have the same dtype and trailing dimensions")
-        stream = torch.cat([*outputs, outputs[0].new_zeros((1, 1, *outputs[0].shape[2:]))], dim=1)
+        stream = torch.cat([*outputs, outputs[0].new_zeros((1, *outputs[0].shape[1:]))])  # [T + 1, *]
         dtype = local_outputs[0].dtype
         return self._to_source_layout(as_dtype(self._from_stream(stream), dtype))
 
@@ -291,9 +283,9 @@ class PackPlan:
         self, y_local: torch.Tensor, *, gradient: GradientContract = "local", name: str = "y_local"
     ) -> torch.Tensor:
         """Like ``unpack`` but always a jagged nested tensor ``[n, j, *]`` of the real tokens of each sequence."""
-        local = self._check_local(y_local, name)
+        local = self._check_local(y_local, name)[0]
         stream = copyable(gather_stream(communicable(local), self.ctx, gradient))
-        values = as_dtype(self._unpack_copy(token_space=True)(stream), local.dtype)[0]  # [N, *]
+        values = as_dtype(self._unpack_copy(token_space=True)(stream), local.dtype)  # [N, *]
         return torch.nested.nested_tensor_from_jagged(values, offsets=self.cu_seqlens.long())
 
     def _check_local(self, y_local: torch.Tensor, name: str) -> torch.Tensor:
@@ -308,14 +300,14 @@ class PackPlan:
         return y_local
 
     def _from_stream(self, stream: torch.Tensor) -> torch.Tensor:
-        """The rank-major stream and its zero row ``[1, T + 1, *]`` -> source rows ``[1, R, *]``."""
+        """The rank-major stream and its zero row ``[T + 1, *]`` -> source rows ``[R, *]``."""
         if self.token_rows is None:
             return self._unpack_copy(token_space=False)(stream)
-        tokens = self._unpack_copy(token_space=True)(stream)  # [1, N, *] -> their source rows (rows with gaps)
-        rows = tokens.new_zeros((1, self.source_rows, *tokens.shape[2:]))
-        return rows.index_copy_(1, self.token_rows, tokens)
+        tokens = self._unpack_copy(token_space=True)(stream)  # [N, *] -> their source rows (rows with gaps)
+        rows = tokens.new_zeros((self.source_rows, *tokens.shape[1:]))
+        return rows.index_copy_(0, self.token_rows, tokens)
 
     def _to_source_layout(self, rows: torch.Tensor) -> torch.Tensor:
         if self.source_shape is None:
-            return torch.nested.nested_tensor_from_jagged(rows[0], offsets=self.cu_seqlens.long())
-        return rows.view(*self.source_shape, *rows.shape[2:])
+            return torch.nested.nested_tensor_from_jagged(rows, offsets=self.cu_seqlens.long())
+        return rows.view(*self.source_shape, *rows.shape[1:])

@@ -1,0 +1,81 @@
+"""The per-position indices of a plan, computed on the host from per-run tables (no loop over sequences).
+
+Every copy a plan makes reads ``out[p] = rows[index[p]]``; the index counts up by one along each *run* of the
+layout (a slot, or a CP chunk of one), so it is one expansion (``core.runs.count_up``) of a ``k``-entry table:
+
+- ``pack_index``: this rank's local stream read from the source rows, ``shift`` places ahead inside each sequence
+  (``wrap``: round inside it); the positions whose target is no token are listed to be zeroed after the copy;
+- ``unpack_index``: the source rows read from the rank-major stream (every rank's local stream, rank 0 first)
+  followed by one zero row, where every row without a token reads.
+
+Indices are int32 (half the memory traffic of int64, and ``index_select`` takes them) unless a table is too long.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from verl_cppack.core.layouts import Runs
+from verl_cppack.core.runs import count_up, run_starts
+
+_INT32_LIMIT = 2**31 - 1
+
+
+def index_dtype(largest_value: int) -> type:
+    """int32 when every value fits, else int64."""
+    return np.int32 if largest_value < _INT32_LIMIT else np.int64
+
+
+def pack_index(
+    runs: Runs,
+    first_value: np.ndarray,  # [n] row of each sequence's first token in what is read
+    seqlens: np.ndarray,  # [n] tokens per sequence
+    rows: int,  # rows of what is read (indices stay below)
+    *,
+    shift: int = 0,
+    wrap: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(index [runs.total], zero_positions [Z] int64)``: position ``p`` of the runs reads row ``index[p]``, the
+    token ``shift`` places after the one it holds in the same sequence (``wrap``: counted round the sequence); the
+    positions whose target is no token (padding, past the sequence end) read an in-range row and are listed in
+    ``zero_positions``."""
+    seqlen, offset, length = runs.per_run(seqlens), runs.offset, runs.length
+    shift_ = shift % np.maximum(seqlen, 1) if wrap else shift  # per run, or an int
+    ahead = np.minimum(np.maximum(seqlen - shift_ - offset, 0), length)  # positions with a target in order
+    used = np.minimum(np.maximum(seqlen - offset, 0), length) if wrap else ahead  # ... or wrapped round
+    first = runs.per_run(first_value) + offset + shift_
+    index = count_up(first, length, dtype=index_dtype(rows))
+    starts = run_starts(length)
+    if wrap:
+        wrapped = used - ahead
+        if wrapped.any():  # those positions read seqlen rows back
+            index[count_up(starts + ahead, wrapped)] -= np.repeat(seqlen, wrapped).astype(index.dtype)
+    if index.size and int((first + length).max()) > rows:  # padding past the last row: keep it in range
+        np.minimum(index, rows - 1, out=index)
+    return index, count_up(starts + used, length - used)
+
+
+def unpack_index(
+    runs_of_all_ranks: Runs,  # every rank's local stream as runs, rank 0 first
+    first_value: np.ndarray,  # [n] row of each sequence's first token in the output (non-decreasing)
+    seqlens: np.ndarray,  # [n] tokens per sequence
+    rows: int,  # rows of the output
+    zero_row: int,  # the rank-major stream's zero row (its length)
+) -> np.ndarray:
+    """``index [rows]``: output row ``q`` reads rank-major row ``index[q]``; rows without a token read
+    ``zero_row``. The chunks of each sequence are found where the layout put them; sequences' tokens are disjoint
+    and in order in the output, so the chunks sorted by their first output row are the output in order."""
+    runs = runs_of_all_ranks
+    tokens = np.minimum(np.maximum(runs.per_run(seqlens) - runs.offset, 0), runs.length)  # [k] tokens in each run
+    chunks = tokens > 0
+    first = (runs.per_run(first_value) + runs.offset)[chunks]  # output row of each chunk's first token
+    start, length = run_starts(runs.length)[chunks], tokens[chunks]  # its rank-major position, its tokens
+    if first.size > 1 and (first[1:] < first[:-1]).any():
+        order = np.argsort(first, kind="stable")
+        first, start, length = first[order], start[order], length[order]
+    gaps = np.append(first, rows) - np.concatenate([[0], first + length])  # before each chunk, after the last
+    firsts = np.full(2 * first.size + 1, zero_row, np.int64)
+    lengths = np.empty(2 * first.size + 1, np.int64)
+    firsts[1::2], lengths[1::2], lengths[0::2] = start, length, gaps
+    index = count_up(firsts, lengths, dtype=index_dtype(zero_row + rows))
+    return np.minimum(index, zero_row, out=index)  # the gaps count up from the zero row: clamp them to it
