@@ -47,7 +47,7 @@ def test_worked_example_cp2_zigzag_matches_design_section_5():
     for docs in (rank0, rank1):
         assert docs.cu_seqlens.tolist() == [0, 4, 7, 13] and docs.cu_seqlens.dtype == torch.int32
         assert docs.cu_seqlens_padded.tolist() == [0, 4, 8, 16] and docs.cu_seqlens_padded.dtype == torch.int32
-        assert docs.max_seqlen == 8 and docs.max_document_length == 6 and docs.num_documents == 3
+        assert docs.max_seqlen_padded == 8 and docs.max_seqlen == 6 and docs.num_documents == 3
     # rank0 holds stream positions [0,3,4,7,8,9,14,15], rank1 [1,2,5,6,10,11,12,13]
     assert names(rank0.tokens) == "a E d P f g P P"
     assert names(rank1.tokens) == "b c e E h i j E"
@@ -76,7 +76,7 @@ def test_worked_example_cp1_is_the_whole_unsliced_stream():
     assert bits(docs.valid_mask) == "1" * 13
     # with the example's alignment of 4: the whole [1, 16] stream of the worked example
     (docs,) = pack_all_ranks(WORKED, cp_size=1, alignment=4)
-    assert docs.cu_seqlens_padded.tolist() == [0, 4, 8, 16] and docs.max_seqlen == 8
+    assert docs.cu_seqlens_padded.tolist() == [0, 4, 8, 16] and docs.max_seqlen_padded == 8
     assert names(docs.tokens) == "a b c E d e E P f g h i j E P P"
     assert bits(docs.valid_mask) == "1111111011111100"
     assert names(docs.labels) == "b c E P e E P P g h i j E P P P"

@@ -1,8 +1,8 @@
 """Building a ``PackPlan``, one builder per input mode, all ending in one assembly (``_assemble``):
 
-- ``plan_from_mask``: a padded ``[B, S]`` batch, one sequence per mask row (``_plan_of_mask_rows``);
-- ``plan_from_lengths`` / ``plan_from_nested``: jagged sequences (``_plan_of_lengths``);
-- ``plan_of_documents``: documents of ``[B, S]`` tokens by their lengths and first positions (``packing.documents``).
+- ``plan_from_mask``: a padded ``[B, S]`` batch, one sequence per mask row (``_plan_from_mask_rows``);
+- ``plan_from_lengths`` / ``plan_from_nested``: jagged sequences (``_plan_from_length_tensor``);
+- ``plan_from_documents``: documents of ``[B, S]`` tokens by their lengths and first positions (``packing.documents``).
 
 Cost: one device->host read (``core.host.read_to_host``: per-sequence lengths and where each sequence starts,
 with the value checks); the per-sequence arithmetic then runs on the host with numpy and the offsets travel
@@ -46,10 +46,10 @@ def plan_from_mask(
     padding, empty rows allowed). ``alignment``: ``None`` = verl's default for the layout (FP8 variant
     with ``fp8=True``), an ``int`` = pad every slot to that multiple, or an explicit ``Alignment``.
     """
-    return plan_of_checked_mask(require_mask("attention_mask", attention_mask), ctx, layout, alignment, fp8)
+    return plan_from_checked_mask(require_mask("attention_mask", attention_mask), ctx, layout, alignment, fp8)
 
 
-def plan_of_checked_mask(
+def plan_from_checked_mask(
     attention_mask: torch.Tensor,
     ctx: ParallelContext | None,
     layout: LayoutName | Layout = "zigzag",
@@ -59,7 +59,7 @@ def plan_of_checked_mask(
     """``plan_from_mask`` for a mask that already passed ``core.checks.require_mask`` (the drop-ins check theirs
     once, under the caller's argument name)."""
     ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
-    return _plan_of_mask_rows(ctx, layout_, alignment_, MaskRows(attention_mask))
+    return _plan_from_mask_rows(ctx, layout_, alignment_, MaskRows(attention_mask))
 
 
 def plan_from_lengths(
@@ -85,7 +85,7 @@ def plan_from_lengths(
     if seqlens.dim() != 1 or seqlens.numel() < 1:
         raise ValueError(f"seqlens must be 1-D with at least one sequence, got shape {tuple(seqlens.shape)}")
     ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
-    return _plan_of_lengths(ctx, layout_, alignment_, seqlens)
+    return _plan_from_length_tensor(ctx, layout_, alignment_, seqlens)
 
 
 def plan_from_nested(
@@ -122,7 +122,7 @@ def resolve_policy(
     return ctx, layout_, alignment_
 
 
-def _plan_of_mask_rows(
+def _plan_from_mask_rows(
     ctx: ParallelContext,
     layout: Layout,
     alignment: Alignment,
@@ -140,7 +140,7 @@ def _plan_of_mask_rows(
     return _assemble(ctx, layout, alignment, seqlens_host, sequence_start, source_shape, device)
 
 
-def _plan_of_lengths(
+def _plan_from_length_tensor(
     ctx: ParallelContext,
     layout: Layout,
     alignment: Alignment,
@@ -155,7 +155,7 @@ def _plan_of_lengths(
     return _assemble(ctx, layout, alignment, seqlens_host, None, None, seqlens.device)
 
 
-def plan_of_documents(
+def plan_from_documents(
     ctx: ParallelContext,
     layout: Layout,
     alignment: Alignment,

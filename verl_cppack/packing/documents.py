@@ -7,7 +7,7 @@ from each document's length and first position: the same offsets, layouts, align
 shift function (``plan.pack(tokens, shift=k)``) as every other plan.
 
 Cost: no Python loop over rows or documents, O(B*S + T) device work, and one device->host sync per
-call: the document count, lengths and starts ride on the plan's own read (``builders.plan_of_documents``,
+call: the document count, lengths and starts ride on the plan's own read (``builders.plan_from_documents``,
 capacity-sized buffers: on an accelerator that read copies ``2 * B * S`` integers).
 """
 
@@ -22,7 +22,7 @@ from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import FP8_STREAM_FACTOR, Alignment
 from verl_cppack.core.checks import require_context, require_int, require_integer_tensor, require_token_id
 from verl_cppack.core.layouts import Layout, LayoutName, get_layout
-from verl_cppack.packing.builders import plan_of_documents, resolve_policy
+from verl_cppack.packing.builders import plan_from_documents, resolve_policy
 from verl_cppack.packing.plan import PackPlan
 
 
@@ -73,13 +73,13 @@ class PackedDocuments:
 
     @property
     def max_seqlen(self) -> int:
-        """Longest slot (padded document): what attention gets with the padded ``cu_seqlens`` (the worked example)."""
-        return self.plan.max_seqlen_padded
+        """Longest document in real tokens (as ``PackPlan.max_seqlen``)."""
+        return self.plan.max_seqlen
 
     @property
-    def max_document_length(self) -> int:
-        """Longest document in real tokens."""
-        return self.plan.max_seqlen
+    def max_seqlen_padded(self) -> int:
+        """Longest slot (padded document): what attention gets with the padded ``cu_seqlens`` (the worked example)."""
+        return self.plan.max_seqlen_padded
 
     @property
     def num_documents(self) -> int:
@@ -157,7 +157,7 @@ def plan_documents(
     ctx, layout_, alignment_ = resolve_policy(ctx, layout_, chosen, fp8 and chosen is None)
 
     lengths, starts, num_documents = segment_documents(tokens, eod_id=eod_id, pad_id=pad_id)  # [B*S], [B*S], []
-    return plan_of_documents(ctx, layout_, alignment_, lengths, starts, num_documents, tuple(tokens.shape))
+    return plan_from_documents(ctx, layout_, alignment_, lengths, starts, num_documents, tuple(tokens.shape))
 
 
 def pack_documents(

@@ -39,7 +39,7 @@ from verl_cppack.integrations.verl.policies import (
     fp8_block,
     megatron_context,
 )
-from verl_cppack.packing.builders import plan_from_lengths, plan_from_nested, plan_of_checked_mask
+from verl_cppack.packing.builders import plan_from_checked_mask, plan_from_lengths, plan_from_nested
 from verl_cppack.packing.plan import PackPlan
 
 _MASK_PLANS = TensorKeyedCache()  # attention mask -> plan
@@ -52,7 +52,7 @@ def _mask_entry(
     attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment
 ) -> tuple[PackPlan, SourceSnapshot]:
     return _MASK_PLANS.entry(
-        attention_mask, (ctx, alignment), lambda: plan_of_checked_mask(attention_mask, ctx, alignment=alignment)
+        attention_mask, (ctx, alignment), lambda: plan_from_checked_mask(attention_mask, ctx, alignment=alignment)
     )
 
 
@@ -228,7 +228,7 @@ class _Compaction:
 
 def _compaction(attention_mask: torch.Tensor, row_multiple: int) -> tuple[_Compaction, SourceSnapshot]:
     def build() -> _Compaction:
-        plan = plan_of_checked_mask(attention_mask, ParallelContext(), alignment=1)
+        plan = plan_from_checked_mask(attention_mask, ParallelContext(), alignment=1)
         return _Compaction(plan, -(-plan.max_seqlen // row_multiple) * row_multiple)
 
     return _MASK_PLANS.entry(attention_mask, ("compaction", row_multiple), build)
@@ -287,8 +287,8 @@ def postprocess_bshd(
     if record is not None and record[0].matches(original):
         return record[1].from_rows(result)
     # A mask we did not make: both masks must hold the same number of real tokens per row (one sync).
-    source = plan_of_checked_mask(mask, ParallelContext(), alignment=1)
-    target = plan_of_checked_mask(original, ParallelContext(), alignment=1)
+    source = plan_from_checked_mask(mask, ParallelContext(), alignment=1)
+    target = plan_from_checked_mask(original, ParallelContext(), alignment=1)
     if source.batch_size != target.batch_size or not torch.equal(source.seqlens, target.seqlens):
         raise ValueError("attention_mask and original_attention_mask must have the same number of real tokens per row")
     return target.restore([source.pack(result, name="result")])
