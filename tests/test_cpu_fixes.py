@@ -1,6 +1,6 @@
 """Each CPU fix to verl / Megatron-core / mbridge refuses, clearly, a target it was not written for.
 
-A fix (``verl_cppack.runtime.fixes``) must never patch blindly: when the installed distribution
+A fix (``verl_cppack.runtime.cpu_fixes``) must never patch blindly: when the installed distribution
 is outside its version range, or the function it replaces has other parameters or lacks the line it works
 around, it raises ``FixTargetChanged`` naming what it expected and what it found, and leaves the target as it
 was. The targets here are stand-in modules (``types.ModuleType``) holding functions with another signature or
@@ -15,9 +15,9 @@ import types
 
 import pytest
 
-from verl_cppack.runtime import fix as fix_module
-from verl_cppack.runtime import fixes
-from verl_cppack.runtime.fix import FixSet, FixTargetChanged
+from verl_cppack.runtime import checked_fix as fix_module
+from verl_cppack.runtime import cpu_fixes as fixes
+from verl_cppack.runtime.checked_fix import FixSet, FixTargetChanged
 
 
 def _module(name: str = "stand_in", **attributes) -> types.ModuleType:

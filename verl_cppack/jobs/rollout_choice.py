@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from verl_cppack.runtime.fix import installed_version
+from verl_cppack.runtime.checked_fix import installed_version
 from verl_cppack.runtime.vllm_fixes import VLLM_CPU
 
 ROLLOUTS = ("vllm", "hf")

@@ -1,5 +1,5 @@
 """verl's own trainer on the host: a 'cpu' platform, a Hugging Face rollout and named fixes to verl, Megatron-core
-and mbridge internals (``fixes.FIXES``), each version-checked.
+and mbridge internals (``cpu_fixes.FIXES``), each version-checked.
 
 Switched on only when asked: ``VERL_PLATFORM=cpu`` in a process that imports ``verl_cppack.verl_plugin``
 (``VERL_USE_EXTERNAL_MODULES`` or ``external_lib``), as ``verl-cppack grpo`` sets up. ``activate()`` arms every
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from verl_cppack.runtime.fix import Fix, FixSet, FixStatus, FixTargetChanged
+from verl_cppack.runtime.checked_fix import Fix, FixSet, FixStatus, FixTargetChanged
 
 PLATFORM_ENV = "VERL_PLATFORM"
 _FIX_SET = FixSet()
@@ -25,7 +25,7 @@ def cpu_requested() -> bool:
 
 def activate() -> list[FixStatus]:
     """Arm every CPU fix in this process (idempotent); returns their statuses."""
-    from verl_cppack.runtime.fixes import FIXES
+    from verl_cppack.runtime.cpu_fixes import FIXES
 
     for fix in FIXES:
         _FIX_SET.arm(fix)

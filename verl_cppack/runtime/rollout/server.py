@@ -18,7 +18,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.replica import RolloutMode, TokenOutput
 
-from verl_cppack.runtime.fixes import HF_ROLLOUT_NAME
+from verl_cppack.runtime.cpu_fixes import HF_ROLLOUT_NAME
 from verl_cppack.runtime.rollout.sampling import (
     LOG_PROBS_MODES,
     HFTokenSampler,
@@ -32,7 +32,7 @@ from verl_cppack.runtime.rollout.sampling import (
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = HF_ROLLOUT_NAME
-"""The value of ``actor_rollout_ref.rollout.name`` that selects this backend (registered by ``fixes.py``)."""
+"""The value of ``actor_rollout_ref.rollout.name`` that selects this backend (registered by ``cpu_fixes.py``)."""
 
 SERVER_NAME_PREFIX = f"{ROLLOUT_NAME}_server_"
 """Ray actor name of a replica's server: prefix + replica rank (+ the replica's name suffix)."""

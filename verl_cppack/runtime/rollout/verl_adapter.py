@@ -4,7 +4,7 @@
   weights in Hugging Face naming (``checkpoint_engine.backend=naive``) and loads them into its replica's server.
 - ``HFReplica``: the ``RolloutReplica`` the trainer builds; ``launch_servers`` starts one server actor per replica.
 
-Both are registered in verl's registries by ``fixes.py`` (rows 13 and 14), by name.
+Both are registered in verl's registries by ``cpu_fixes.py`` (rows 13 and 14), by name.
 """
 
 from __future__ import annotations

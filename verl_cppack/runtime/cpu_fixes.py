@@ -1,6 +1,6 @@
 """The fixes that let verl's own trainer (Megatron engine, Ray workers) run on the host, one named function each.
 
-Each is written for the versions in ``VERSIONS`` and checks its target before it changes it (see ``fix.py``).
+Each is written for the versions in ``VERSIONS`` and checks its target before it changes it (see ``checked_fix.py``).
 The table in docs/design.md ("verl's own trainer on CPU") lists where verl 0.9.1 / Megatron-core 0.16.1 / mbridge 0.15.1 assume
 CUDA; the row each fix answers is in its docstring.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from verl_cppack.runtime.fix import (
+from verl_cppack.runtime.checked_fix import (
     Fix,
     FixTargetChanged,
     expect_attribute,
