@@ -61,7 +61,7 @@ def tables_to_device(
 ) -> tuple[torch.Tensor, ...]:
     """1-D host tables as ``dtype`` tensors on ``device``: one buffer, one copy, one view each (a single table is
     sent as it is)."""
-    if len(arrays) == 1 or device.type == "cpu":  # on the CPU each table is a tensor over its own memory
-        return tuple(to_device(array, device, dtype) for array in arrays)
+    if len(arrays) == 1:
+        return (to_device(arrays[0], device, dtype),)
     buffer = np.concatenate(arrays, dtype=_NUMPY_DTYPES[dtype])
     return to_device(buffer, device).split([array.size for array in arrays])

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from verl_cppack.context import ParallelContext
+from verl_cppack.core import host
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import require_jagged, require_mask, require_tensor
 from verl_cppack.integrations import megatron
@@ -80,12 +82,14 @@ def _nested_plan(nested: torch.Tensor, ctx: ParallelContext, layout: str, alignm
 
 
 def longest_sequence(nested: torch.Tensor) -> int:
-    """The longest sequence of a jagged batch: from a plan already made for its offsets (no sync), else one read."""
+    """The longest sequence of a jagged batch: from a plan already made for its offsets (no sync), else one read of
+    the offsets (nothing cached: a new batch would pay a copy of its offsets for a value read once)."""
     offsets = nested.offsets()
     planned = _NESTED_PLANS.find(offsets, lambda value: isinstance(value, PackPlan))
     if planned is not None:
         return planned.max_seqlen
-    return _NESTED_PLANS.get_or_build(offsets, "longest", lambda: int(offsets.diff().max()))
+    (offsets_host,) = host.read_to_host(offsets)  # [B+1]
+    return int(np.diff(offsets_host).max(initial=0))
 
 
 def _packed_seq_params(plan: PackPlan, snapshot: SourceSnapshot, include_total_tokens: bool = False) -> Any:
