@@ -97,14 +97,16 @@ def require_jagged(name: str, value: object) -> torch.Tensor:
     """A jagged nested tensor whose sequences fill its values one after another.
 
     A view with holes (``torch.nested.narrow``: ``lengths()`` differ from ``offsets().diff()``) is copied into
-    that form (``.contiguous()``), so its real lengths are the ones used.
+    that form (``.contiguous()``), so its real lengths are the ones used. (Read through ``core.jagged``: no dispatch.)
     """
-    tensor = require_tensor(name, value)
-    if not tensor.is_nested or tensor.layout != torch.jagged:
+    from verl_cppack.core.jagged import has_holes, is_jagged
+
+    if not is_jagged(value):
+        require_tensor(name, value)
         raise TypeError(
             f"{name} must be a jagged nested tensor [B, j, *] (torch.nested.nested_tensor(..., layout=torch.jagged))"
         )
-    return tensor.contiguous() if tensor.lengths() is not None else tensor
+    return value.contiguous() if has_holes(value) else value
 
 
 def require_true(condition: torch.Tensor, message: str) -> None:

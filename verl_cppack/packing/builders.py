@@ -1,7 +1,7 @@
 """Building a ``PackPlan``, one builder per input mode, all ending in one assembly (``_assemble``):
 
 - ``plan_from_mask``: a padded ``[B, S]`` batch, one sequence per mask row (``_plan_from_mask_rows``);
-- ``plan_from_lengths`` / ``plan_from_nested``: jagged sequences (``_plan_from_length_tensor``);
+- ``plan_from_lengths`` / ``plan_from_nested``: jagged sequences (``_plan_from_host_lengths``);
 - ``plan_from_documents``: documents of ``[B, S]`` tokens by their lengths and first positions (``packing.documents``).
 
 Cost: one device->host read (``core.host.read_to_host``: per-sequence lengths and where each sequence starts,
@@ -85,7 +85,8 @@ def plan_from_lengths(
     if seqlens.dim() != 1 or seqlens.numel() < 1:
         raise ValueError(f"seqlens must be 1-D with at least one sequence, got shape {tuple(seqlens.shape)}")
     ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
-    return _plan_from_length_tensor(ctx, layout_, alignment_, seqlens)
+    (seqlens_host,) = host.read_to_host(seqlens)  # the plan's one device->host read
+    return _plan_from_host_lengths(ctx, layout_, alignment_, seqlens_host.copy(), seqlens.device)
 
 
 def plan_from_nested(
@@ -98,8 +99,10 @@ def plan_from_nested(
 ) -> PackPlan:
     """Plan for a jagged nested tensor ``[B, j, *]``: its sequences' real lengths (a view with holes, from
     ``torch.nested.narrow``, is read as ``nested.contiguous()``; ``pack`` does the same)."""
-    nested = require_jagged("nested", nested)
-    return plan_from_lengths(nested.offsets().diff(), ctx, layout=layout, alignment=alignment, fp8=fp8)
+    offsets = require_jagged("nested", nested).offsets()  # [B+1] int64
+    ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
+    (offsets_host,) = host.read_to_host(offsets)  # the plan's one device->host read
+    return _plan_from_host_lengths(ctx, layout_, alignment_, np.diff(offsets_host), offsets.device)
 
 
 def resolve_policy(
@@ -140,19 +143,19 @@ def _plan_from_mask_rows(
     return _assemble(ctx, layout, alignment, seqlens_host, sequence_start, source_shape, device)
 
 
-def _plan_from_length_tensor(
+def _plan_from_host_lengths(
     ctx: ParallelContext,
     layout: Layout,
     alignment: Alignment,
-    seqlens: torch.Tensor,  # [n] integer lengths
+    seqlens_host: np.ndarray,  # [n] int64 lengths, read to the host
+    device: torch.device,
 ) -> PackPlan:
     """Jagged sequences, one after another in the source."""
-    seqlens_host, negative = host.read_to_host(seqlens, (seqlens < 0).sum())  # the plan's one device->host sync
-    if negative[0]:
-        raise ValueError(f"seqlens must be >= 0; found {negative[0]} offending entries")
-    seqlens_host = seqlens_host.copy()
+    negative = int(np.count_nonzero(seqlens_host < 0))
+    if negative:
+        raise ValueError(f"seqlens must be >= 0; found {negative} offending entries")
     _check_longest(int(seqlens_host.max(initial=0)))
-    return _assemble(ctx, layout, alignment, seqlens_host, None, None, seqlens.device)
+    return _assemble(ctx, layout, alignment, seqlens_host, None, None, device)
 
 
 def plan_from_documents(

@@ -34,6 +34,7 @@ from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import require_jagged, require_stream_int, require_tensor
 from verl_cppack.core.host import tables_to_device
+from verl_cppack.core.jagged import is_jagged, jagged_values
 from verl_cppack.core.layouts import Layout, Runs
 from verl_cppack.core.runs import count_up
 from verl_cppack.packing.copies import RowCopy, as_dtype, communicable, copyable
@@ -123,6 +124,20 @@ class PackPlan:
         """[T_local] int64 offset inside the slot: restarts at 0 for every sequence (padding continues the count)."""
         runs = self.local_runs
         return tables_to_device([count_up(runs.offset, runs.length)], self.device)[0]
+
+    @cached_property
+    def local_token_positions(self) -> torch.Tensor:
+        """[1, T_local] int64 offset inside the sequence at real tokens, 0 at padding (verl's engine position ids;
+        callers that hand it out clone it)."""
+        runs = self.local_runs
+        positions = count_up(runs.offset, runs.length)
+        positions[self._pack_index(0, False)[1]] = 0
+        return tables_to_device([positions], self.device)[0].view(1, -1)
+
+    @cached_property
+    def jagged_offsets(self) -> torch.Tensor:
+        """[n+1] int64 offsets of the sequences' real tokens: what jagged outputs are built on."""
+        return tables_to_device([self.tables.cu_seqlens], self.device)[0]
 
     @property
     def local_source(self) -> torch.Tensor:
@@ -223,22 +238,24 @@ class PackPlan:
 
     def _source_rows(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """``x`` as ``[R, *]`` source rows (a view), checked against the plan."""
-        require_tensor(name, x)
-        if x.device != self.device:
-            raise ValueError(f"{name} is on {x.device} but the plan was built on {self.device}; move one")
         if self.source_shape is None:
-            if not x.is_nested:
+            if not is_jagged(x):
+                require_tensor(name, x)
                 raise TypeError(f"this plan was built from sequence lengths: pass {name} as a jagged nested tensor")
-            x = require_jagged(name, x)
-            values = x.values()
+            values = jagged_values(require_jagged(name, x))  # [N, *]
+            if values.device != self.device:
+                raise ValueError(f"{name} is on {values.device} but the plan was built on {self.device}; move one")
             if x.size(0) != self.batch_size or values.shape[0] != self.num_valid_tokens:
                 raise ValueError(
                     f"nested {name} has {x.size(0)} sequences / {values.shape[0]} tokens, the plan expects "
                     f"{self.batch_size} / {self.num_valid_tokens}; build a plan from this tensor's offsets"
                 )
             return values
+        require_tensor(name, x)
         if x.is_nested:
             raise TypeError(f"this plan was built from a [B, S] batch: pass {name} as a padded [B, S, *] tensor")
+        if x.device != self.device:
+            raise ValueError(f"{name} is on {x.device} but the plan was built on {self.device}; move one")
         if x.dim() < 2 or x.shape[0] != self.source_shape[0] or x.shape[1] != self.source_shape[1]:
             raise ValueError(
                 f"{name} must have shape [B, S, *] = [{self.source_shape[0]}, {self.source_shape[1]}, *] like the "
@@ -286,7 +303,7 @@ class PackPlan:
         local = self._check_local(y_local, name)[0]
         stream = copyable(gather_stream(communicable(local), self.ctx, gradient))
         values = as_dtype(self._unpack_copy(token_space=True)(stream), local.dtype)  # [N, *]
-        return torch.nested.nested_tensor_from_jagged(values, offsets=self.cu_seqlens.long())
+        return torch.nested.nested_tensor_from_jagged(values, offsets=self.jagged_offsets)
 
     def _check_local(self, y_local: torch.Tensor, name: str) -> torch.Tensor:
         require_tensor(name, y_local)
@@ -309,5 +326,5 @@ class PackPlan:
 
     def _to_source_layout(self, rows: torch.Tensor) -> torch.Tensor:
         if self.source_shape is None:
-            return torch.nested.nested_tensor_from_jagged(rows, offsets=self.cu_seqlens.long())
+            return torch.nested.nested_tensor_from_jagged(rows, offsets=self.jagged_offsets)
         return rows.view(*self.source_shape, *rows.shape[1:])

@@ -332,8 +332,7 @@ def preprocess_thd_engine(
     if not pre_process:
         return input_ids, packed_seq_params, None
     packed = plan.pack(nested, shift=1 if need_roll else 0, wrap=bool(need_roll), name="input_ids")  # [1, T/CP, *]
-    position_ids = plan.local_position_ids.masked_fill(~plan.local_valid_mask, 0)  # [T/CP]
-    return packed, packed_seq_params, position_ids.unsqueeze(0)
+    return packed, packed_seq_params, plan.local_token_positions.clone()  # [1, T/CP]
 
 
 def _plan_for_nested(packed_seq_params: Any, nested: torch.Tensor, local_cp_size: int | None, layout: str) -> PackPlan:

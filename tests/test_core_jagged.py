@@ -1,0 +1,35 @@
+"""Jagged tensors are read through ``core.jagged``: its fast reads (the attributes torch's ``NestedTensor`` keeps its
+parts in) must give exactly what the public API gives, and anything else must take the public API."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verl_cppack.core import jagged
+
+
+def _jagged(lengths: list[int], trailing: tuple[int, ...] = ()) -> torch.Tensor:
+    values = torch.randn(sum(lengths), *trailing)
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+
+
+@pytest.mark.parametrize("trailing", [(), (3,)])
+def test_the_fast_reads_are_the_public_api_of_this_torch(trailing):
+    nested = _jagged([3, 0, 5], trailing)
+    assert jagged._fast(nested), "torch's jagged class changed: core.jagged now takes the slow public API everywhere"
+    fast, public = jagged.jagged_values(nested), nested.values()
+    assert fast.data_ptr() == public.data_ptr() and fast.shape == public.shape and torch.equal(fast, public)
+    assert jagged.is_jagged(nested) and not jagged.has_holes(nested)
+    narrowed = torch.nested.narrow(
+        torch.arange(12.0).view(3, 4), 1, torch.tensor([0, 1, 0]), torch.tensor([2, 3, 1]), layout=torch.jagged
+    )
+    assert jagged.has_holes(narrowed) == (narrowed.lengths() is not None) is True
+
+
+def test_other_tensors_take_the_public_api():
+    assert not jagged.is_jagged(torch.zeros(2, 3))
+    assert not jagged.is_jagged("not a tensor")
+    strided = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])  # the strided layout
+    assert not jagged.is_jagged(strided)
