@@ -33,3 +33,17 @@ def test_other_tensors_take_the_public_api():
     assert not jagged.is_jagged("not a tensor")
     strided = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])  # the strided layout
     assert not jagged.is_jagged(strided)
+
+
+@pytest.mark.parametrize("trailing", [(), (2,)])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_to_padded_rows_equal_torchs_method(trailing, requires_grad):
+    nested = _jagged([3, 0, 5], trailing)
+    if requires_grad:
+        nested = torch.nested.nested_tensor_from_jagged(
+            nested.values().clone().requires_grad_(True), offsets=nested.offsets()
+        )
+    rows = jagged.jagged_to_padded(nested, 7, -1.5)
+    expected = nested.to_padded_tensor(-1.5, output_size=(3, 7, *trailing))
+    assert rows.shape == expected.shape and torch.equal(rows, expected)
+    assert rows.requires_grad == requires_grad

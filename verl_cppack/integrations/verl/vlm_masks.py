@@ -2,7 +2,7 @@
 
 verl (0.8+) calls them on every vision-language micro-batch: a jagged ``[B, j]`` batch of token ids becomes dense
 rows ``[B, S]`` (real tokens first, then ``pad_token_id``) and a bool mask ``[B, S]``, True at the real tokens.
-Here without a Python loop over rows: the rows are one ``to_padded_tensor`` with their size given (no host read,
+Here without a Python loop over rows: the rows are one ``to_padded_tensor`` kernel with their size given (no host read,
 no temporary of the rows' size) and the mask one comparison of the positions with the lengths. The only host
 read is the longest
 sequence (``dropins.longest_sequence``: none when the micro-batch's plan already knows it, as after
@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from verl_cppack.core.checks import require_int, require_jagged
+from verl_cppack.core.jagged import jagged_to_padded
 from verl_cppack.integrations.verl import dropins
 
 
@@ -61,10 +62,10 @@ def padded_rows(nested: torch.Tensor, row_length: int, pad_token_id: int | float
     bool, or ``[B, row_length, *]`` like the rows when the ids have trailing dimensions, as verl's). Every
     sequence must fit ``row_length`` (checked by the caller: ``to_padded_tensor`` would cut it)."""
     offsets = nested.offsets()  # [B+1]
-    batch_size, trailing = offsets.shape[0] - 1, nested.shape[2:]
-    lengths = offsets.diff()  # [B]
-    rows = nested.to_padded_tensor(pad_token_id, output_size=(batch_size, row_length, *trailing))
-    mask = torch.arange(row_length, device=offsets.device) < lengths.unsqueeze(1)  # [B, row_length]
+    batch_size = offsets.shape[0] - 1
+    rows = jagged_to_padded(nested, row_length, pad_token_id)  # [B, row_length, *]
+    trailing = rows.shape[2:]
+    mask = torch.arange(row_length, device=offsets.device) < offsets.diff().unsqueeze(1)  # [B, row_length]
     if trailing:
         mask = mask.view(batch_size, row_length, *(1,) * len(trailing)).expand(rows.shape)
     return rows, mask
