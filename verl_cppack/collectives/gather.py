@@ -23,29 +23,34 @@ def _check_group(ctx: ParallelContext) -> None:
     ctx.check_group()  # torch.distributed answered for the group when ctx was made
 
 
-class _AllGatherRankMajor(torch.autograd.Function):
+def _gathered(local: torch.Tensor, parallel: ParallelContext, dim: int, zero_rows: int) -> torch.Tensor:
     """Every rank's ``local`` concatenated along ``dim`` (rank 0 first), then ``zero_rows`` zero rows: one
-    all-gather straight into views of the output. Backward: see ``all_gather_rank_major``."""
+    all-gather straight into views of the output (no autograd)."""
+    wire = local.contiguous()
+    if wire.dtype == torch.bool:  # gloo has no bool all-gather; same bytes as uint8
+        wire = wire.view(torch.uint8)
+    shape = list(wire.shape)
+    stream_length = parallel.cp_size * shape[dim]
+    shape[dim] = stream_length + zero_rows
+    if zero_rows:
+        gathered = wire.new_zeros(shape)
+        into = gathered.narrow(dim, 0, stream_length)  # contiguous: dim is 0 or every dimension before it is 1
+    else:
+        gathered = into = wire.new_empty(shape)
+    # one buffer per rank, each shaped like the local output, as verl's own all-gather (and its tests' stand-ins)
+    dist.all_gather(list(into.chunk(parallel.cp_size, dim)), wire, group=parallel.cp_group)
+    return gathered.view(torch.bool) if local.dtype == torch.bool else gathered
+
+
+class _AllGatherRankMajor(torch.autograd.Function):
+    """``_gathered`` with the gradient contracts. Backward: see ``all_gather_rank_major``."""
 
     @staticmethod
     def forward(
         ctx, local: torch.Tensor, parallel: ParallelContext, contract: str, dim: int, zero_rows: int
     ) -> torch.Tensor:
         ctx.parallel, ctx.contract, ctx.dim, ctx.local_length = parallel, contract, dim, local.shape[dim]
-        wire = local.contiguous()
-        if wire.dtype == torch.bool:  # gloo has no bool all-gather; same bytes as uint8
-            wire = wire.view(torch.uint8)
-        shape = list(wire.shape)
-        stream_length = parallel.cp_size * shape[dim]
-        shape[dim] = stream_length + zero_rows
-        if zero_rows:
-            gathered = wire.new_zeros(shape)
-            into = gathered.narrow(dim, 0, stream_length)  # contiguous: dim is 0 or every dimension before it is 1
-        else:
-            gathered = into = wire.new_empty(shape)
-        # one buffer per rank, each shaped like the local output, as verl's own all-gather (and its tests' stand-ins)
-        dist.all_gather(list(into.chunk(parallel.cp_size, dim)), wire, group=parallel.cp_group)
-        return gathered.view(torch.bool) if local.dtype == torch.bool else gathered
+        return _gathered(local, parallel, dim, zero_rows)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -85,6 +90,8 @@ def gather_stream(local: torch.Tensor, ctx: ParallelContext, gradient: GradientC
     if ctx.cp_size == 1:  # no communication: the local stream and one zero row (one pad op)
         return F.pad(local, (0, 0) * (local.dim() - 1) + (0, 1))
     _check_group(ctx)
+    if not (local.requires_grad and torch.is_grad_enabled()):  # no graph to record (log-probs under no_grad):
+        return _gathered(local, ctx, 0, 1)  # autograd's Function costs ~60 us a call here
     return _AllGatherRankMajor.apply(local, ctx, gradient, 0, 1)
 
 
