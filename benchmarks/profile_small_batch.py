@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    result = run_world(_rank, args.cp, (args.batch_size, args.seq_len, args.repeats))[0]
+    result = run_world(_rank, args.cp, (args.batch_size, args.seq_len, args.repeats), torch_threads=1)[0]
     ours, verl = result["ours"], result["verl"]
     print(f"B={args.batch_size} S={args.seq_len} CP={args.cp}: medians of {args.repeats} micro-batches, microseconds")
     for name, value in zip(PARTS, ours):
