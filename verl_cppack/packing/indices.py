@@ -44,13 +44,14 @@ def pack_index(
     ahead = np.minimum(np.maximum(seqlen - shift_ - offset, 0), length)  # positions with a target in order
     used = np.minimum(np.maximum(seqlen - offset, 0), length) if wrap else ahead  # ... or wrapped round
     first = runs.per_run(first_value) + offset + shift_
-    index = count_up(first, length, dtype=index_dtype(rows))
+    top = int((first + length).max(initial=0))  # past the largest value read (padding counts past the last token)
+    index = count_up(first, length, dtype=index_dtype(max(top, rows)))
     starts = run_starts(length)
     if wrap:
         wrapped = used - ahead
         if wrapped.any():  # those positions read seqlen rows back
             index[count_up(starts + ahead, wrapped)] -= np.repeat(seqlen, wrapped).astype(index.dtype)
-    if index.size and int((first + length).max()) > rows:  # padding past the last row: keep it in range
+    if top > rows:  # padding past the last row: keep it in range
         np.minimum(index, rows - 1, out=index)
     return index, count_up(starts + used, length - used)
 

@@ -136,8 +136,8 @@ class PackPlan:
 
     @cached_property
     def jagged_offsets(self) -> torch.Tensor:
-        """[n+1] int64 offsets of the sequences' real tokens: what jagged outputs are built on."""
-        return tables_to_device([self.tables.cu_seqlens], self.device)[0]
+        """[n+1] int64 offsets of the sequences' real tokens: what jagged outputs are built on (once per plan)."""
+        return self.cu_seqlens.long()
 
     @property
     def local_source(self) -> torch.Tensor:
@@ -154,7 +154,7 @@ class PackPlan:
         """[T] int64 source row of each stream position; distinct rows ``>= source_rows`` at padding."""
         rows = self._token_space_rows
         values, padding = pack_index(
-            Runs.whole_slots(self.tables.cu_seqlens_padded), self._first_row, self.tables.seqlens, rows
+            Runs.whole_slots(self.tables.cu_seqlens_padded), self.tables.sequence_start, self.tables.seqlens, rows
         )
         values = values.astype(np.int64)
         values[padding] = rows + np.arange(padding.size)  # past the token space, one row each
@@ -169,18 +169,14 @@ class PackPlan:
         """Rows the plan's indices read: source rows, or the ``N`` tokens when they are looked up in ``token_rows``."""
         return self.source_rows if self.token_rows is None else self.num_valid_tokens
 
-    @property
-    def _first_row(self) -> np.ndarray:
-        """[n] each sequence's first token in token space (``sequence_start`` is in token space already when
-        ``token_rows`` is set)."""
-        return self.tables.sequence_start
-
     def _pack_index(self, shift: int, wrap: bool) -> tuple[np.ndarray, np.ndarray]:
         """This rank's ``(index, zero_positions)`` for ``pack(x, shift, wrap)`` (host tables), made once per key."""
         key = ("index", shift, wrap and shift > 0)
         if key not in self._copies:
+            tables = self.tables
+            rows = self._token_space_rows
             self._copies[key] = pack_index(
-                self.local_runs, self._first_row, self.tables.seqlens, self._token_space_rows, shift=shift, wrap=key[2]
+                self.local_runs, tables.sequence_start, tables.seqlens, rows, shift=shift, wrap=key[2]
             )
         return self._copies[key]
 
