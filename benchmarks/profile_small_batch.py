@@ -97,12 +97,19 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
         parallel_state.destroy_model_parallel()
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--seq-len", type=int, default=8192)
-    parser.add_argument("--cp", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--batch-size", type=_positive, default=1)
+    parser.add_argument("--seq-len", type=_positive, default=8192)
+    parser.add_argument("--cp", type=_positive, default=1)
+    parser.add_argument("--repeats", type=_positive, default=200)
     args = parser.parse_args()
     torch.set_num_threads(1)
     result = run_world(_rank, args.cp, (args.batch_size, args.seq_len, args.repeats), torch_threads=1)[0]

