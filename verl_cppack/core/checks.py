@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from verl_cppack.core.jagged import has_holes, is_jagged
+
 if TYPE_CHECKING:
     from verl_cppack.context import ParallelContext
 
@@ -99,8 +101,6 @@ def require_jagged(name: str, value: object) -> torch.Tensor:
     A view with holes (``torch.nested.narrow``: ``lengths()`` differ from ``offsets().diff()``) is copied into
     that form (``.contiguous()``), so its real lengths are the ones used. (Read through ``core.jagged``: no dispatch.)
     """
-    from verl_cppack.core.jagged import has_holes, is_jagged
-
     if not is_jagged(value):
         require_tensor(name, value)
         raise TypeError(

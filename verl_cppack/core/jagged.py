@@ -4,8 +4,8 @@ torch's jagged nested tensor is a Python tensor subclass: every tensor property 
 ``layout``, ``device``, ``values()``) goes through its ``__torch_function__`` / ``__torch_dispatch__``, 6-19 us each
 on this CPU (``values()`` 19 us, ``layout`` 10 us) — more than the copy a small micro-batch needs. Where the object
 is exactly torch's ``NestedTensor`` class, its parts are read from the attributes that class keeps them in
-(``_values``, ``_lengths``: 0.04 us each; ``offsets()`` is a plain method already); anything else (another class, a torch without that class
-or those attributes) takes the public API. ``tests/test_core_jagged.py`` checks that both ways read the same
+(``_values``, ``_lengths``: 0.04 us each; ``offsets()`` is a plain method already); anything else (another class,
+a torch without that class or those attributes) takes the public API. ``tests/test_core_jagged.py`` checks that both ways read the same
 parts, so a torch that renames them fails there instead of reading wrong. ``jagged_to_padded`` likewise calls the
 kernel behind ``to_padded_tensor`` directly.
 """

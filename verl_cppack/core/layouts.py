@@ -28,7 +28,7 @@ LayoutName = Literal["zigzag", "contiguous"]
 
 @dataclass(frozen=True)
 class Runs:
-    """Pieces of slots laid out one after another (host tables, one entry per run, in layout order): run ``k``
+    """Parts of slots laid out one after another (host tables, one entry per run, in layout order): run ``k``
     holds offsets ``[offset[k], offset[k] + length[k])`` of slot ``slot[k]``."""
 
     slot: np.ndarray  # [k] int64 the slot each run belongs to

@@ -40,13 +40,10 @@ class MaskRows:
             if values.dtype != np.bool_:
                 _check_values(np.count_nonzero(values.view(f"u{values.itemsize}") > 1))  # negatives wrap around
                 values = values != 0
+            counts = values.view(np.uint8).sum(axis=1, dtype=np.int64)  # a byte sum: twice count_nonzero's speed
             first = values.argmax(axis=1)  # stops at each row's first token
             last = (seq_len - 1) - values[:, ::-1].argmax(axis=1)
-            return (
-                values.view(np.uint8).sum(axis=1, dtype=np.int64),
-                first,
-                last,
-            )  # a byte sum: twice count_nonzero's speed
+            return counts, first, last
         given = self._given
         as_int8 = self.mask.view(torch.int8)
         stats = [as_int8.sum(dim=1, dtype=torch.int32), as_int8.argmax(dim=1), as_int8.flip(1).argmax(dim=1)]

@@ -120,17 +120,21 @@ class PackPlan:
         return tables_to_device([np.repeat(runs.slot, runs.length)], self.device)[0]
 
     @cached_property
+    def _local_offsets(self) -> np.ndarray:
+        """[T_local] int64 offset of each local position inside its slot (host)."""
+        runs = self.local_runs
+        return count_up(runs.offset, runs.length)
+
+    @cached_property
     def local_position_ids(self) -> torch.Tensor:
         """[T_local] int64 offset inside the slot: restarts at 0 for every sequence (padding continues the count)."""
-        runs = self.local_runs
-        return tables_to_device([count_up(runs.offset, runs.length)], self.device)[0]
+        return tables_to_device([self._local_offsets.copy()], self.device)[0]
 
     @cached_property
     def local_token_positions(self) -> torch.Tensor:
         """[1, T_local] int64 offset inside the sequence at real tokens, 0 at padding (verl's engine position ids;
         callers that hand it out clone it)."""
-        runs = self.local_runs
-        positions = count_up(runs.offset, runs.length)
+        positions = self._local_offsets.copy()
         positions[self._pack_index(0, False)[1]] = 0
         return tables_to_device([positions], self.device)[0].view(1, -1)
 
