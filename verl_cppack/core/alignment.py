@@ -82,8 +82,9 @@ class Alignment:
         """``seqlens`` [n] (host, integer, their total below ``2**31``) -> padded slot lengths [n] int64; the
         stream extension goes to the last slot."""
         seqlens = np.asarray(seqlens, dtype=np.int64)
-        multiple = self.slot_multiple
-        slot_lengths = np.maximum(-(-seqlens // multiple) * multiple, self.min_slot_length)
+        slot_lengths = seqlens + (-seqlens) % self.slot_multiple
+        if self.min_slot_length:
+            np.maximum(slot_lengths, self.min_slot_length, out=slot_lengths)
         total = int(slot_lengths.sum())
         stream = self.stream_multiple
         target = max(-(-total // stream) * stream, -(-self.min_stream_length // stream) * stream)

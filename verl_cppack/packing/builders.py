@@ -27,7 +27,7 @@ from verl_cppack.core.checks import (
     require_stream_int,
 )
 from verl_cppack.core.layouts import Layout, LayoutName, get_layout
-from verl_cppack.core.runs import run_offsets
+from verl_cppack.core.runs import counting, run_offsets
 from verl_cppack.packing.mask_rows import MaskRows
 from verl_cppack.packing.plan import PackPlan, SequenceTables
 
@@ -133,14 +133,14 @@ def _plan_from_mask_rows(
 ) -> PackPlan:
     """A padded batch: each row's tokens, from its first token (one run) or by rank in row-major order (gaps)."""
     seqlens_host, first_column, last_column = mask_rows.scan()  # the plan's one device->host read
-    _check_longest(int(seqlens_host.max(initial=0)))
-    source_shape = tuple(mask_rows.mask.shape)
-    device = mask_rows.mask.device
+    longest = _longest(seqlens_host)
+    source_shape = mask_rows.shape
+    device = mask_rows.device
     if ((last_column - first_column + 1 != seqlens_host) & (seqlens_host > 0)).any():  # rows with gaps
         token_rows = mask_rows.token_positions(int(seqlens_host.sum()))
-        return _assemble(ctx, layout, alignment, seqlens_host, None, source_shape, device, token_rows)
-    sequence_start = np.arange(seqlens_host.size) * source_shape[1] + first_column  # one run per row
-    return _assemble(ctx, layout, alignment, seqlens_host, sequence_start, source_shape, device)
+        return _assemble(ctx, layout, alignment, seqlens_host, longest, None, source_shape, device, token_rows)
+    sequence_start = counting(seqlens_host.size) * source_shape[1] + first_column  # one run per row
+    return _assemble(ctx, layout, alignment, seqlens_host, longest, sequence_start, source_shape, device)
 
 
 def _plan_from_host_lengths(
@@ -154,8 +154,7 @@ def _plan_from_host_lengths(
     negative = int(np.count_nonzero(seqlens_host < 0))
     if negative:
         raise ValueError(f"seqlens must be >= 0; found {negative} offending entries")
-    _check_longest(int(seqlens_host.max(initial=0)))
-    return _assemble(ctx, layout, alignment, seqlens_host, None, None, device)
+    return _assemble(ctx, layout, alignment, seqlens_host, _longest(seqlens_host), None, None, device)
 
 
 def plan_from_documents(
@@ -171,8 +170,8 @@ def plan_from_documents(
     lengths_host, starts_host, count = host.read_to_host(lengths, starts, num_documents)  # the one sync
     n = int(count[0])
     seqlens_host = lengths_host[:n].copy()
-    _check_longest(int(seqlens_host.max(initial=0)))
-    return _assemble(ctx, layout, alignment, seqlens_host, starts_host[:n].copy(), source_shape, lengths.device)
+    longest = _longest(seqlens_host)
+    return _assemble(ctx, layout, alignment, seqlens_host, longest, starts_host[:n].copy(), source_shape, lengths.device)
 
 
 def _assemble(
@@ -180,6 +179,7 @@ def _assemble(
     layout: Layout,
     alignment: Alignment,
     seqlens_host: np.ndarray,  # [n] tokens of each sequence (checked < 2**31 each)
+    longest: int,  # seqlens_host.max()
     sequence_start_host: np.ndarray | None,  # [n] source position of each sequence's first token; None: packed
     source_shape: tuple[int, int] | None,  # (B, S) of a padded source; None for a jagged one
     device: torch.device,
@@ -187,11 +187,12 @@ def _assemble(
 ) -> PackPlan:
     """The plan every builder ends in: padding, offsets and totals on the host, the offset tables sent to the
     device in one copy."""
-    if not seqlens_host.any():
+    if not longest:
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
     seqlens_padded = alignment.pad(seqlens_host)
     cu_seqlens, cu_seqlens_padded = run_offsets(seqlens_host), run_offsets(seqlens_padded)
     num_valid_tokens, total_length = int(cu_seqlens[-1]), int(cu_seqlens_padded[-1])
+    longest_slot = max(longest + (-longest) % alignment.slot_multiple, alignment.min_slot_length)
     if total_length >= 2**31:
         raise ValueError(f"the packed stream holds {total_length} positions; THD offsets are int32: split the batch")
     if sequence_start_host is None:
@@ -207,14 +208,21 @@ def _assemble(
         source_shape=source_shape,
         cu_seqlens=cu_seqlens_device,
         cu_seqlens_padded=cu_seqlens_padded_device,
-        max_seqlen=int(seqlens_host.max()),
-        max_seqlen_padded=int(seqlens_padded.max()),
+        max_seqlen=longest,
+        max_seqlen_padded=max(longest_slot, int(seqlens_padded[-1])),  # the last slot holds the stream's extension
         num_valid_tokens=num_valid_tokens,
         total_length=total_length,
         local_length=total_length // ctx.cp_size,
         tables=SequenceTables(seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded, sequence_start_host),
         token_rows=token_rows,
     )
+
+
+def _longest(seqlens_host: np.ndarray) -> int:
+    """The longest of ``seqlens_host`` [n] (``ValueError`` past what int32 offsets hold)."""
+    longest = int(seqlens_host.max(initial=0))
+    _check_longest(longest)
+    return longest
 
 
 def _check_longest(longest: int) -> None:

@@ -43,7 +43,7 @@ def pack_index(
     shift_ = shift % np.maximum(seqlen, 1) if wrap else shift  # per run, or an int
     ahead = np.minimum(np.maximum(seqlen - shift_ - offset, 0), length)  # positions with a target in order
     used = np.minimum(np.maximum(seqlen - offset, 0), length) if wrap else ahead  # ... or wrapped round
-    first = runs.per_run(first_value) + offset + shift_
+    first = runs.per_run(first_value) + (offset + shift_)
     top = int((first + length).max(initial=0))  # past the largest value read (padding counts past the last token)
     index = count_up(first, length, dtype=index_dtype(max(top, rows)))
     starts = run_starts(length)

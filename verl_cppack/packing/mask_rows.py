@@ -22,7 +22,9 @@ class MaskRows:
     scan_cpu_masks_on_host = True  # tests turn it off to run the accelerator's tensor-op scan on CPU tensors
 
     def __init__(self, attention_mask: torch.Tensor) -> None:
-        self.on_host = attention_mask.device.type == "cpu" and self.scan_cpu_masks_on_host
+        self.device = attention_mask.device
+        self.shape: tuple[int, int] = tuple(attention_mask.shape)  # (B, S)
+        self.on_host = self.device.type == "cpu" and self.scan_cpu_masks_on_host
         self._given = attention_mask
 
     @property
@@ -34,7 +36,7 @@ class MaskRows:
     def scan(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(tokens, first token column, last token column)`` per row [B] int64 (an empty row has 0 tokens and
         meaningless columns): the plan's one device->host read. ``ValueError`` for mask values other than 0/1."""
-        seq_len = self._given.shape[1]
+        seq_len = self.shape[1]
         if self.on_host:
             values = host.host_memory(self._given)  # [B, S] the mask's memory (a strided view is read as it is)
             if values.dtype != np.bool_:
