@@ -66,6 +66,8 @@ class ParallelContext:
     cp_group: Any = None
     # (size, rank) torch.distributed gave for cp_group when the context was made; None without a group
     group_answer: tuple[int, int] | None = field(default=None, init=False, repr=False, compare=False)
+    # the hash of the compared fields, computed once: plans are cached under contexts, looked up on every call
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _require_positive_int("tp_size", self.tp_size)
@@ -78,6 +80,13 @@ class ParallelContext:
             )
         if self.cp_group is not None:
             object.__setattr__(self, "group_answer", group_size_and_rank(self.cp_group))
+        object.__setattr__(self, "_hash", hash((self.tp_size, self.cp_size, self.cp_rank, self.cp_group)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple:  # made anew where it is unpickled: the hash of None differs between processes
+        return (ParallelContext, (self.tp_size, self.cp_size, self.cp_rank, self.cp_group))
 
     @property
     def default_slot_multiple(self) -> int:

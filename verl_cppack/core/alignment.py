@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,6 +31,8 @@ class Alignment:
     stream_multiple: int = 1
     min_stream_length: int = 0
     min_slot_length: int = 0
+    # the hash of the fields, computed once: plans are cached under alignments, looked up on every call
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Bounded before any arithmetic: with lengths and multiples below 2**31, padding never overflows int64.
@@ -47,6 +49,11 @@ class Alignment:
                 f"stream_multiple ({self.stream_multiple}) must be a multiple of slot_multiple "
                 f"({self.slot_multiple}) so the extended last slot stays aligned"
             )
+        fields = (self.slot_multiple, self.stream_multiple, self.min_stream_length, self.min_slot_length)
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @classmethod
     @functools.lru_cache(maxsize=64, typed=True)  # frozen, so shared: the drop-ins ask for one per call

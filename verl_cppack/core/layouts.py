@@ -21,7 +21,7 @@ from verl_cppack.context import ParallelContext
 from verl_cppack.core import host
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import check_cu_seqlens_padded, require_int
-from verl_cppack.core.runs import count_up
+from verl_cppack.core.runs import count_up, counting
 
 LayoutName = Literal["zigzag", "contiguous"]
 
@@ -39,9 +39,9 @@ class Runs:
     @classmethod
     def whole_slots(cls, cu_seqlens_padded: np.ndarray) -> Runs:
         """The stream itself: one run per slot."""
-        slot_lengths = np.diff(cu_seqlens_padded)
+        slot_lengths = cu_seqlens_padded[1:] - cu_seqlens_padded[:-1]
         n = slot_lengths.size
-        return cls(np.arange(n), np.zeros(n, np.int64), slot_lengths, int(cu_seqlens_padded[-1]))
+        return cls(counting(n), np.zeros(n, np.int64), slot_lengths, int(cu_seqlens_padded[-1]))
 
     def per_run(self, values: np.ndarray) -> np.ndarray:
         """``values`` [n] per slot -> [k], the value of each run's slot."""
@@ -109,7 +109,7 @@ class ZigzagLayout(Layout):
         if cp_size == 1:
             return Runs.whole_slots(cu_seqlens_padded)
         # Rank r holds, for every slot, its front chunk r then its back chunk 2*CP-1-r: runs [R, n, 2] in that order.
-        chunk = np.diff(cu_seqlens_padded) // (2 * cp_size)  # [n] chunk length of each slot
+        chunk = (cu_seqlens_padded[1:] - cu_seqlens_padded[:-1]) // (2 * cp_size)  # [n] chunk length of each slot
         rank = np.asarray(ranks, np.int64).reshape(-1, 1, 1)  # [R, 1, 1]
         chunk_id = np.concatenate([rank, 2 * cp_size - 1 - rank], axis=2)  # [R, 1, 2]
         num_ranks = rank.shape[0]

@@ -28,19 +28,19 @@ def counting(size: int, dtype: type = np.int64) -> np.ndarray:
 def run_offsets(lengths: np.ndarray) -> np.ndarray:
     """``lengths`` [k] -> [k+1] where each run begins, then the total (``cu_seqlens`` of the lengths)."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    lengths.cumsum(out=offsets[1:])
     return offsets
 
 
 def run_starts(lengths: np.ndarray) -> np.ndarray:
     """``lengths`` [k] -> [k] position where each run begins."""
-    return np.cumsum(lengths) - lengths
+    return lengths.cumsum() - lengths
 
 
 def count_up(first: np.ndarray, lengths: np.ndarray, dtype: type = np.int64) -> np.ndarray:
     """Run ``k`` counts up by one from ``first[k]`` over ``lengths[k]`` positions -> [lengths.sum()] of ``dtype`` (the
     values must fit it). Zero-length runs are allowed."""
     base = (first - run_starts(lengths)).astype(dtype, copy=False)  # [k] value at position 0 of the count
-    values = np.repeat(base, lengths)
+    values = base.repeat(lengths)
     values += counting(values.size, base.dtype)
     return values

@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import inspect
 import sys
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -140,26 +139,21 @@ def packed_seq_params_later_fields(
     return later
 
 
-# plan -> {(real_seqlens_in_attention, include_total_tokens, class): (class, kwargs, later fields)}: worked out once
-# per plan (the drop-ins ask for every micro-batch's params); a plan that is dropped takes its entry with it.
-_ARGUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def packed_seq_params(
     plan: PackPlan, *, real_seqlens_in_attention: bool = False, include_total_tokens: bool = False
 ) -> Any:
     """A new Megatron ``PackedSeqParams`` (THD) for ``plan`` per call: ``packed_seq_params_arguments`` passed to the
-    class, then ``packed_seq_params_later_fields`` set on the object."""
+    class, then ``packed_seq_params_later_fields`` set on the object. Both are worked out once per plan and class
+    (kept in ``plan.derived``: the drop-ins ask for every call's params)."""
     cls = packed_seq_params_class()  # the class as megatron holds it now
     key = (real_seqlens_in_attention, include_total_tokens, cls)
-    per_plan = _ARGUMENTS.setdefault(plan, {})
-    arguments = per_plan.get(key)
+    arguments = plan.derived.get(key)
     if arguments is None:
         cls, kwargs = packed_seq_params_arguments(plan, real_seqlens_in_attention=real_seqlens_in_attention)
         later = packed_seq_params_later_fields(
             plan, cls, real_seqlens_in_attention=real_seqlens_in_attention, include_total_tokens=include_total_tokens
         )
-        arguments = per_plan[key] = (cls, kwargs, later)
+        arguments = plan.derived[key] = (cls, kwargs, later)
     cls, kwargs, later = arguments
     params = cls(**kwargs)
     for name, value in later.items():

@@ -77,6 +77,8 @@ class PackPlan:
     tables: SequenceTables  # the per-sequence numbers above (and where each sequence's tokens start), on the host
     token_rows: torch.Tensor | None  # [N] int64 source row of each token in stream order; None: token space = source
     _copies: dict = field(default_factory=dict, init=False, repr=False)  # what each copy reads, built once
+    # what integrations derive from the plan once, under keys of their own (Megatron's PackedSeqParams arguments)
+    derived: dict = field(default_factory=dict, init=False, repr=False)
 
     @property
     def source_rows(self) -> int:
@@ -88,7 +90,7 @@ class PackPlan:
         """Whether the stream holds padding positions (``T > N``)."""
         return self.total_length > self.num_valid_tokens
 
-    @property
+    @cached_property
     def device(self) -> torch.device:
         return self.cu_seqlens_padded.device
 
