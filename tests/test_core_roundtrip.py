@@ -201,9 +201,9 @@ def test_one_plan_serves_every_tensor_of_the_micro_batch():
 
 @st.composite
 def wide_masks(draw):
-    """Wide and narrow rows (S up to 2056, odd widths too), runs that start and end anywhere, gapped, empty and
-    full rows; also a view at a storage offset."""
-    seq_len = draw(st.sampled_from([8, 16, 1016, 1024, 2056, 13, 100]))
+    """Wide and narrow rows (S up to 8192, odd widths too; from 16 K columns in all the scan reads 8 columns at a
+    time), runs that start and end anywhere, gapped, empty and full rows; also a view at a storage offset."""
+    seq_len = draw(st.sampled_from([8, 16, 1016, 1024, 2056, 13, 100, 4104, 4099, 8192]))
     rows = []
     for _ in range(draw(st.integers(1, 5))):
         kind = draw(st.sampled_from(["run", "run", "gapped", "empty", "full"]))

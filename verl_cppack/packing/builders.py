@@ -11,6 +11,7 @@ back in one copy. No Python loop over sequences. A mask is scanned where it live
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -109,7 +110,16 @@ def resolve_policy(
     ctx: ParallelContext | None, layout: LayoutName | Layout, alignment: Alignment | int | None, fp8: bool
 ) -> tuple[ParallelContext, Layout, Alignment]:
     """Default the context, look up the layout, and turn ``alignment``/``fp8`` into an ``Alignment`` the layout
-    can cut for ``ctx`` (``ValueError`` otherwise), before any work."""
+    can cut for ``ctx`` (``ValueError`` otherwise), before any work. Answers are kept: every plan asks."""
+    try:
+        return _resolved_policy(ctx, layout, alignment, fp8)
+    except TypeError:  # an argument that cannot be a key: resolved (or refused, with its own error) unkept
+        return _resolve_policy(ctx, layout, alignment, fp8)
+
+
+def _resolve_policy(
+    ctx: ParallelContext | None, layout: LayoutName | Layout, alignment: Alignment | int | None, fp8: bool
+) -> tuple[ParallelContext, Layout, Alignment]:
     ctx = require_context(ctx)
     ctx.check_group()
     layout_ = get_layout(layout)
@@ -123,6 +133,9 @@ def resolve_policy(
         alignment_ = Alignment.per_slot(require_stream_int("alignment", alignment, minimum=1))
     layout_.check_alignment(alignment_, ctx)
     return ctx, layout_, alignment_
+
+
+_resolved_policy = functools.lru_cache(maxsize=64, typed=True)(_resolve_policy)
 
 
 def _plan_from_mask_rows(

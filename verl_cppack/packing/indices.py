@@ -44,15 +44,19 @@ def pack_index(
     ahead = np.minimum(np.maximum(seqlen - shift_ - offset, 0), length)  # positions with a target in order
     used = np.minimum(np.maximum(seqlen - offset, 0), length) if wrap else ahead  # ... or wrapped round
     first = runs.per_run(first_value) + (offset + shift_)
-    top = int((first + length).max(initial=0))  # past the largest value read (padding counts past the last token)
+    ends = first + length  # [k] past the last value each run reads (padding counts past the last token)
+    top = int(ends.max(initial=0))
     index = count_up(first, length, dtype=index_dtype(max(top, rows)))
     starts = run_starts(length)
     if wrap:
         wrapped = used - ahead
         if wrapped.any():  # those positions read seqlen rows back
-            index[count_up(starts + ahead, wrapped)] -= np.repeat(seqlen, wrapped).astype(index.dtype)
-    if top > rows:  # padding past the last row: keep it in range
-        np.minimum(index, rows - 1, out=index)
+            index[count_up(starts + ahead, wrapped)] -= seqlen.repeat(wrapped).astype(index.dtype)
+    if top > rows:  # padding past the last row: keep it in range, from the first run that reads past it on (the
+        tail = index[int(starts[(ends > rows).argmax()]) :]  # rows of later runs are in range: the clamp keeps them)
+        np.minimum(tail, rows - 1, out=tail)
+    if int(used.sum()) == runs.total:  # every position holds a target: nothing to zero
+        return index, np.empty(0, np.int64)
     return index, count_up(starts + used, length - used)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from verl_cppack.core import host
+from verl_cppack.core.runs import counting
 
 
 class MaskRows:
@@ -42,10 +43,10 @@ class MaskRows:
             if values.dtype != np.bool_:
                 _check_values(np.count_nonzero(values.view(f"u{values.itemsize}") > 1))  # negatives wrap around
                 values = values != 0
-            counts = values.view(np.uint8).sum(axis=1, dtype=np.int64)  # a byte sum: twice count_nonzero's speed
+            # a byte sum into the narrowest integer that holds S: 4x count_nonzero's speed with 16 bits
+            counts = values.view(np.uint8).sum(axis=1, dtype=np.uint16 if seq_len < 2**16 else np.int64)
             first = values.argmax(axis=1)  # stops at each row's first token
-            last = (seq_len - 1) - values[:, ::-1].argmax(axis=1)
-            return counts, first, last
+            return counts.astype(np.int64), first, _last_columns(values)
         given = self._given
         as_int8 = self.mask.view(torch.int8)
         stats = [as_int8.sum(dim=1, dtype=torch.int32), as_int8.argmax(dim=1), as_int8.flip(1).argmax(dim=1)]
@@ -62,6 +63,20 @@ class MaskRows:
         rank = torch.where(flat, torch.cumsum(flat, 0) - 1, num_tokens)  # [B*S], non-tokens to a sink
         positions = torch.empty(num_tokens + 1, dtype=torch.long, device=flat.device)
         return positions.index_copy_(0, rank, torch.arange(flat.numel(), device=flat.device))[:num_tokens]
+
+
+def _last_columns(values: np.ndarray) -> np.ndarray:
+    """[B] column of each row's last token of a ``[B, S]`` bool array (meaningless for an empty row). A reversed
+    ``argmax`` reads a byte at a time; where a row's columns are contiguous and a multiple of 8, the last word of 8
+    columns holding a token is found first, then the token inside it: 4x faster at B=256, S=8192, slower below
+    ~16 K columns in all (measured), where the reversed ``argmax`` stays."""
+    rows, seq_len = values.shape
+    if seq_len % 8 or values.strides[1] != 1 or values.size < 1 << 14:
+        return (seq_len - 1) - values[:, ::-1].argmax(axis=1)
+    nonzero_words = values.view(np.uint64) != 0  # [B, S/8]
+    last_word = (seq_len // 8 - 1) - nonzero_words[:, ::-1].argmax(axis=1)  # [B]
+    last_eight = values.reshape(rows, seq_len // 8, 8)[counting(rows), last_word]  # [B, 8] the columns of that word
+    return last_word * 8 + 7 - last_eight[:, ::-1].argmax(axis=1)
 
 
 def _check_values(num_bad: int) -> None:
