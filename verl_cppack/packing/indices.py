@@ -78,9 +78,10 @@ def unpack_index(
     if first.size > 1 and (first[1:] < first[:-1]).any():
         order = np.argsort(first, kind="stable")
         first, start, length = first[order], start[order], length[order]
-    gaps = np.append(first, rows) - np.concatenate([[0], first + length])  # before each chunk, after the last
-    firsts = np.full(2 * first.size + 1, zero_row, np.int64)
-    lengths = np.empty(2 * first.size + 1, np.int64)
-    firsts[1::2], lengths[1::2], lengths[0::2] = start, length, gaps
+    firsts, lengths = np.empty((2, 2 * first.size + 1), np.int64)  # runs: a gap before each chunk, the chunk; a gap
+    firsts.fill(zero_row)
+    firsts[1::2], lengths[1::2] = start, length
+    lengths[:-1:2], lengths[-1] = first, rows  # each gap ends where the next chunk (or the output) begins ...
+    lengths[2::2] -= first + length  # ... and starts where the chunk before it ends
     index = count_up(firsts, lengths, dtype=index_dtype(zero_row + rows))
     return np.minimum(index, zero_row, out=index)  # the gaps count up from the zero row: clamp them to it
