@@ -184,7 +184,9 @@ def plan_from_documents(
     n = int(count[0])
     seqlens_host = lengths_host[:n].copy()
     longest = _longest(seqlens_host)
-    return _assemble(ctx, layout, alignment, seqlens_host, longest, starts_host[:n].copy(), source_shape, lengths.device)
+    return _assemble(
+        ctx, layout, alignment, seqlens_host, longest, starts_host[:n].copy(), source_shape, lengths.device
+    )
 
 
 def _assemble(
