@@ -6,6 +6,8 @@ memory as the bench does. The first preprocess call is split into what it does: 
 parallel context read from megatron, the plan (mask scan, per-sequence tables, the cache's copy of the mask), the
 ``PackedSeqParams``, and the first copy (its index built on the host, then ``index_select``); the first
 postprocess call builds the copy back's index, the second reuses it. Times are rank 0's medians in microseconds.
+Last, a fixed pure-Python loop is timed back to back, right after a barrier and after 2 ms asleep: what this machine
+does to whatever runs first after a wait (every timed part here and in the bench starts after a barrier).
 
 Usage: ``python benchmarks/profile_small_batch.py [--batch-size 1] [--seq-len 8192] [--cp 1] [--repeats 200]``.
 It prints a table and asserts nothing (this is not a test).
@@ -92,9 +94,38 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
             if index >= 20:
                 ours.append([part / 1e3 for part in parts])
                 verl.append([(middle - begin) / 1e3, (end - start) / 1e3])
-        return {"ours": [statistics.median(p) for p in zip(*ours)], "verl": [statistics.median(p) for p in zip(*verl)]}
+        return {
+            "ours": [statistics.median(p) for p in zip(*ours)],
+            "verl": [statistics.median(p) for p in zip(*verl)],
+            "probe": _idle_probe(),
+        }
     finally:
         parallel_state.destroy_model_parallel()
+
+
+def _python_work() -> int:
+    total = 0
+    for value in range(3000):
+        total += value
+    return total
+
+
+def _idle_probe(repeats: int = 200) -> list[float]:
+    """The same pure-Python loop timed back to back, straight after a barrier, and after 2 ms asleep (medians, us):
+    how much slower this machine runs whatever comes first after a wait."""
+    timings: list[list[float]] = [[], [], []]
+    for _ in range(repeats):
+        for case, timing in enumerate(timings):
+            if case == 0:
+                _python_work()
+            else:
+                dist.barrier()
+                if case == 2:
+                    time.sleep(0.002)
+            begin = time.perf_counter_ns()
+            _python_work()
+            timing.append((time.perf_counter_ns() - begin) / 1e3)
+    return [statistics.median(timing) for timing in timings]
 
 
 def _positive(text: str) -> int:
@@ -119,6 +150,11 @@ def main() -> None:
         print(f"  {name:42s} {value:8.1f}")
     print(f"  {'verl_cppack preprocess (3 calls)':42s} {sum(ours[:5]):8.1f}   verl {verl[0]:8.1f}")
     print(f"  {'verl_cppack postprocess (2 calls)':42s} {sum(ours[5:]):8.1f}   verl {verl[1]:8.1f}")
+    warm, after_barrier, after_sleep = result["probe"]
+    print(
+        f"  a fixed pure-Python loop: {warm:.1f} back to back, {after_barrier:.1f} right after a barrier, "
+        f"{after_sleep:.1f} after 2 ms asleep"
+    )
 
 
 if __name__ == "__main__":
