@@ -6,7 +6,7 @@ layout (a slot, or a CP chunk of one), so it is one expansion (``core.runs.count
 - ``pack_index``: this rank's local stream read from the source rows, ``shift`` places ahead inside each sequence
   (``wrap``: round inside it); the positions whose target is no token are listed to be zeroed after the copy;
 - ``unpack_index``: the source rows read from the rank-major stream (every rank's local stream, rank 0 first)
-  followed by one zero row, where every row without a token reads.
+  followed by one zero row, where every row without a token reads (after a clamp).
 
 Indices are int32 (half the memory traffic of int64, and ``index_select`` takes them) unless a table is too long.
 """
@@ -67,9 +67,11 @@ def unpack_index(
     rows: int,  # rows of the output
     zero_row: int,  # the rank-major stream's zero row (its length)
 ) -> np.ndarray:
-    """``index [rows]``: output row ``q`` reads rank-major row ``index[q]``; rows without a token read
-    ``zero_row``. The chunks of each sequence are found where the layout put them; sequences' tokens are disjoint
-    and in order in the output, so the chunks sorted by their first output row are the output in order."""
+    """``index [rows]``: output row ``q`` reads rank-major row ``index[q]``; rows without a token read ``zero_row``
+    once clamped to it (they count up from it: the caller clamps the index where it is used, one vectorised pass on
+    the device; numpy's clamp of an int32 table is ~10x slower here). The chunks of each sequence are found where
+    the layout put them; sequences' tokens are disjoint and in order in the output, so the chunks sorted by their
+    first output row are the output in order."""
     runs = runs_of_all_ranks
     tokens = np.minimum(np.maximum(runs.per_run(seqlens) - runs.offset, 0), runs.length)  # [k] tokens in each run
     chunks = tokens > 0
@@ -83,5 +85,4 @@ def unpack_index(
     firsts[1::2], lengths[1::2] = start, length
     lengths[:-1:2], lengths[-1] = first, rows  # each gap ends where the next chunk (or the output) begins ...
     lengths[2::2] -= first + length  # ... and starts where the chunk before it ends
-    index = count_up(firsts, lengths, dtype=index_dtype(zero_row + rows))
-    return np.minimum(index, zero_row, out=index)  # the gaps count up from the zero row: clamp them to it
+    return count_up(firsts, lengths, dtype=index_dtype(zero_row + rows))

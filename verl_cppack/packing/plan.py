@@ -210,6 +210,7 @@ class PackPlan:
             rows = self.num_valid_tokens if token_space else self.source_rows
             index = unpack_index(all_ranks, first, tables.seqlens, rows, zero_row=self.total_length)
             copy = self._copies[key] = RowCopy.of(index, np.empty(0, np.int64), self.device)
+            copy.index.clamp_max_(self.total_length)  # rows without a token: the zero row (one pass on the device)
         return copy
 
     # ------------------------------------------------------------------ pack
