@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from tests.oracle import te_partitioned_indices
 from verl_cppack import get_layout, zigzag_indices
+from verl_cppack.core import runs as runs_module
 from verl_cppack.core.runs import count_up
 
 
@@ -78,6 +79,20 @@ def test_zigzag_indices_rejects_bad_input(cu, cp_size, rank, error, match):
 def test_unknown_layout_is_rejected():
     with pytest.raises(ValueError, match="layout must be one of"):
         get_layout("striped")
+
+
+def test_counting_is_a_read_only_arange_kept_up_to_a_bound(monkeypatch):
+    """The counting table every expansion adds: 0, 1, 2, ... of the asked dtype, never writable (it is shared), kept
+    between calls up to a bound; a longer one is made for its caller alone."""
+    monkeypatch.setattr(runs_module, "_COUNTS", {})
+    monkeypatch.setattr(runs_module, "_KEPT_COUNTS", 64)
+    for size, dtype in [(5, np.int64), (40, np.int32), (3, np.int32), (64, np.int64), (0, np.int64)]:
+        counts = runs_module.counting(size, dtype)
+        assert counts.dtype == dtype and counts.tolist() == list(range(size)) and not counts.flags.writeable
+    assert runs_module._COUNTS[np.dtype(np.int32)].size == 40 and runs_module._COUNTS[np.dtype(np.int64)].size == 64
+    long = runs_module.counting(100, np.int64)
+    assert long.tolist() == list(range(100)) and not long.flags.writeable
+    assert runs_module._COUNTS[np.dtype(np.int64)].size == 64  # not kept past the bound
 
 
 runs_tables = st.lists(st.tuples(st.integers(0, 6), st.integers(-1000, 1000), st.booleans()), min_size=1, max_size=12)

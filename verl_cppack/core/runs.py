@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import numpy as np
 
-# 0, 1, 2, ... per dtype, grown to the longest expansion asked for and read through views: every expansion adds it,
-# and writing it anew each time was a third of an expansion's time (a pass over memory that is the same every time).
+# 0, 1, 2, ... per dtype, grown to the longest expansion asked for (up to _KEPT_COUNTS entries) and read through
+# views: every expansion adds it, and writing it anew each time was a third of an expansion's time.
 _COUNTS: dict[np.dtype, np.ndarray] = {}
+_KEPT_COUNTS = 1 << 24  # 128 MB of int64 at most; a longer expansion gets a table of its own
 
 
 def counting(size: int, dtype: type = np.int64) -> np.ndarray:
-    """``np.arange(size, dtype=dtype)`` as a read-only view of a table kept between calls."""
+    """``np.arange(size, dtype=dtype)``, read-only: a view of a table kept between calls."""
     key = np.dtype(dtype)
     counts = _COUNTS.get(key)
     if counts is None or counts.size < size:
-        counts = np.arange(max(size, 2 * (0 if counts is None else counts.size)), dtype=key)
+        counts = np.arange(max(size, min(2 * (0 if counts is None else counts.size), _KEPT_COUNTS)), dtype=key)
         counts.flags.writeable = False
-        _COUNTS[key] = counts
+        if counts.size <= _KEPT_COUNTS:
+            _COUNTS[key] = counts
     return counts[:size]
 
 
