@@ -64,4 +64,4 @@ def tables_to_device(
     if len(arrays) == 1:
         return (to_device(arrays[0], device, dtype),)
     buffer = np.concatenate(arrays, dtype=_NUMPY_DTYPES[dtype])
-    return to_device(buffer, device).split([array.size for array in arrays])
+    return to_device(buffer, device).split_with_sizes([array.size for array in arrays])

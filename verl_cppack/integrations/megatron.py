@@ -61,6 +61,7 @@ def _takes_any_keyword(cls: type) -> bool:
     return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
 
 
+@functools.lru_cache(maxsize=64)
 def packed_seq_params_accepts(cls: type, name: str) -> bool:
     """Whether ``cls(name=...)`` is accepted, decided as verl 0.9.1 does: a named field, or ``**kwargs`` in
     ``__init__`` (duck-typed stand-ins)."""
