@@ -102,5 +102,25 @@ def test_plan_cache_reuses_a_plan_until_the_mask_changes_or_dies():
     assert cache.get_or_build(mask.clone(), "k", build) == 2  # equal values, another tensor: rebuilt
     mask[0, 0] = False  # in-place edit bumps the version
     assert cache.get_or_build(mask, "k", build) == 3
-    del mask
-    assert len(cache._entries) == 0  # entries die with their source tensor
+    del mask  # its weak reference's callback runs now: it only notes the death ...
+    assert len(cache._entries) == 2
+    assert cache.lookup(torch.ones(1, 1, dtype=torch.bool), "k") is None  # ... and the next call drops the entries
+    assert len(cache._entries) == 0 and not cache._snapshots
+
+
+def test_a_source_dying_never_changes_the_cache_under_its_own_loops():
+    """A source's last reference can go anywhere, a garbage collection in the middle of the cache's loop over its
+    entries included (verl 0.7.1's release comparison once raised "OrderedDict mutated during iteration" there):
+    its callback leaves the entries as they are, and they cannot be found until the next call drops them."""
+    from verl_cppack.integrations.verl.plan_cache import TensorKeyedCache
+
+    cache = TensorKeyedCache(capacity=4)
+    sources = [torch.ones(2, 3, dtype=torch.bool) for _ in range(3)]
+    for index in range(len(sources)):
+        cache.get_or_build(sources[index], "k", lambda index=index: index)
+    entries, snapshots = list(cache._entries.items()), dict(cache._snapshots)
+    for _ in cache._entries:  # a loop of the cache's, during which every source dies
+        sources.clear()
+    assert list(cache._entries.items()) == entries and cache._snapshots == snapshots
+    assert cache.find(torch.ones(2, 3, dtype=torch.bool), lambda value: True) is None
+    assert len(cache._entries) == 0 and not cache._snapshots

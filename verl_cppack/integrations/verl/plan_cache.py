@@ -81,15 +81,29 @@ class SourceSnapshot:
 
 class TensorKeyedCache:
     """A small LRU map from (source tensor, extra key) to a value built once; the entries of one source share
-    one snapshot (one copy of its contents)."""
+    one snapshot (one copy of its contents).
+
+    A source that dies is only noted by its weak reference's callback and its entries are dropped at the next call:
+    the callback runs wherever the source's last reference goes, a garbage collection included, which may be in the
+    middle of this cache's own loop over its entries (dropping them there raised "OrderedDict mutated during
+    iteration"). Until then a dead source's entries cannot be found: their snapshot's reference answers ``None``."""
 
     def __init__(self, capacity: int = 8) -> None:
         self._capacity = capacity
         self._entries: OrderedDict[tuple, tuple[SourceSnapshot, Any]] = OrderedDict()
         self._snapshots: dict[tuple[int, int], SourceSnapshot] = {}
+        self._dead: list[tuple[tuple[int, int], SourceSnapshot]] = []  # appended to by the callbacks alone
+
+    def _drop_dead(self) -> None:
+        """Drop the entries of the sources that died since the last call."""
+        while self._dead:
+            source_key, snapshot = self._dead.pop()
+            if self._snapshots.get(source_key) is snapshot:
+                self._forget(source_key)
 
     def entry(self, source: torch.Tensor, key: Hashable, build: Callable[[], T]) -> tuple[T, SourceSnapshot]:
         """``(value, snapshot of source)``: the cached value, or ``build()`` stored when there is none."""
+        self._drop_dead()
         entry_key = (id(source), source._version, key)
         found = self._entries.get(entry_key)
         if found is not None:
@@ -106,6 +120,7 @@ class TensorKeyedCache:
         return self.entry(source, key, build)[0]
 
     def lookup(self, source: torch.Tensor, key: Hashable) -> Any | None:
+        self._drop_dead()
         entry_key = (id(source), source._version, key)
         found = self._entries.get(entry_key)
         if found is None:
@@ -118,12 +133,14 @@ class TensorKeyedCache:
 
     def find(self, source: torch.Tensor, accept: Callable[[Any], bool]) -> Any | None:
         """A cached value of ``source`` (unchanged, any extra key) that ``accept`` takes, or None."""
+        self._drop_dead()
         for (source_id, version, _), (snapshot, value) in reversed(list(self._entries.items())):
             if source_id == id(source) and version == source._version and accept(value):
                 return value if snapshot.matches(source) else None
         return None
 
     def store(self, source: torch.Tensor, key: Hashable, value: T) -> T:
+        self._drop_dead()
         self._insert((id(source), source._version, key), self._snapshot(source), value)
         return value
 
@@ -134,13 +151,10 @@ class TensorKeyedCache:
         if snapshot is not None and snapshot.matches(source):
             return snapshot
         self._forget(source_key)
-        entries, snapshots = self._entries, self._snapshots
+        dead = self._dead
 
-        def forget(_reference: weakref.ref, source_key: tuple = source_key) -> None:  # the source died
-            if snapshots.get(source_key) is snapshot:
-                snapshots.pop(source_key)
-                for entry_key in [k for k in entries if k[:2] == source_key]:
-                    entries.pop(entry_key, None)
+        def forget(_reference: weakref.ref, source_key: tuple = source_key) -> None:  # the source died: noted only
+            dead.append((source_key, snapshot))
 
         snapshot = SourceSnapshot(source, weakref.ref(source, forget))
         self._snapshots[source_key] = snapshot
@@ -161,6 +175,7 @@ class TensorKeyedCache:
     def clear(self) -> None:
         self._entries.clear()
         self._snapshots.clear()
+        self._dead.clear()
 
 
 def attach_plan(packed_seq_params: Any, plan: Any, snapshot: SourceSnapshot) -> Any:
