@@ -52,8 +52,9 @@ def pack_index(
         wrapped = used - ahead
         if wrapped.any():  # those positions read seqlen rows back
             index[count_up(starts + ahead, wrapped)] -= seqlen.repeat(wrapped).astype(index.dtype)
-    if top > rows:  # padding past the last row: keep it in range, from the first run that reads past it on (the
-        tail = index[int(starts[(ends > rows).argmax()]) :]  # rows of later runs are in range: the clamp keeps them)
+    if top > rows:
+        # padding reads past the last row: clamp from the first run that does on (rows in range stay as they are)
+        tail = index[int(starts[(ends > rows).argmax()]) :]
         np.minimum(tail, rows - 1, out=tail)
     if int(used.sum()) == runs.total:  # every position holds a target: nothing to zero
         return index, np.empty(0, np.int64)
