@@ -207,7 +207,6 @@ def _assemble(
     seqlens_padded = alignment.pad(seqlens_host)
     cu_seqlens, cu_seqlens_padded = run_offsets(seqlens_host), run_offsets(seqlens_padded)
     num_valid_tokens, total_length = int(cu_seqlens[-1]), int(cu_seqlens_padded[-1])
-    longest_slot = max(longest + (-longest) % alignment.slot_multiple, alignment.min_slot_length)
     if total_length >= 2**31:
         raise ValueError(f"the packed stream holds {total_length} positions; THD offsets are int32: split the batch")
     if sequence_start_host is None:
@@ -224,7 +223,7 @@ def _assemble(
         cu_seqlens=cu_seqlens_device,
         cu_seqlens_padded=cu_seqlens_padded_device,
         max_seqlen=longest,
-        max_seqlen_padded=max(longest_slot, int(seqlens_padded[-1])),  # the last slot holds the stream's extension
+        max_seqlen_padded=int(seqlens_padded.max()),
         num_valid_tokens=num_valid_tokens,
         total_length=total_length,
         local_length=total_length // ctx.cp_size,
