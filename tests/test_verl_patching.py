@@ -239,8 +239,7 @@ def test_environment_variable_activates_the_plugin_in_a_fresh_interpreter():
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert lines[0] == "generation engine"
-    start = lines.index("{")  # libraries doctor imports (vLLM) may log before the report
-    doctor = json.loads("\n".join(lines[start:]))
+    doctor = json.loads("\n".join(lines[1:]))  # --json: the report alone (what vLLM logs goes to stderr)
     assert doctor["patch"]["installed"] and doctor["verl_util"]["generation"] == "engine"
     assert doctor["versions"]["verl"] == importlib.metadata.version("verl") and doctor["versions"]["torch"]
     assert set(CALLERS) <= set(doctor["patch"]["covered"]), sorted(doctor["patch"]["covered"])
@@ -256,3 +255,22 @@ def test_disable_variable_leaves_verl_untouched():
     )
     result = _fresh_python({"VERL_CPPACK_DISABLE": "1"}, script)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_doctor_json_keeps_what_libraries_print_off_standard_output():
+    # what `doctor --json` runs the report under: a library printing (vLLM logs to stdout), a logging handler bound to
+    # sys.stdout inside the block, and C code writing to file descriptor 1 all land on stderr; the report alone on stdout
+    script = (
+        "import logging, os, sys\n"
+        "from verl_cppack.cli.doctor import _stdout_to_stderr\n"
+        "with _stdout_to_stderr():\n"
+        "    print('library print')\n"
+        "    handler = logging.StreamHandler(sys.stdout)\n"
+        "    os.write(1, b'fd one\\n')\n"
+        "handler.stream.write('handler line\\n'); handler.flush()\n"
+        "print('{}')\n"
+    )
+    result = _fresh_python({}, script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == "{}\n"
+    assert "library print" in result.stderr and "fd one" in result.stderr and "handler line" in result.stderr

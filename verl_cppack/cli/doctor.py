@@ -7,7 +7,8 @@ the drop-in does not know, or no drop-in for it) from the source of ``verl/model
 now hold the drop-ins, then runs each replaced function and its drop-in side by side on random batches at CP=1
 (``integrations.verl.self_check``: the comparison the release matrix and behaviour verification use) and puts
 back any whose results differ beyond the intended differences; it exits 1 when a util function is left to verl or
-put back, a caller is not covered or a CPU fix is refused.
+put back, a caller is not covered or a CPU fix is refused. ``--json`` prints the report alone on standard output
+(what the imported libraries print meanwhile goes to standard error), so it can be piped to a JSON reader.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -185,8 +188,26 @@ def _print_human(report: dict[str, Any]) -> None:
         )
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Everything written to standard output inside the block goes to standard error instead: what the libraries
+    ``--verify`` imports print (vLLM logs to stdout, through a handler bound to ``sys.stdout`` when it is first
+    imported, and C code writes to file descriptor 1), so that ``--json`` prints the report alone."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def run(args: argparse.Namespace) -> int:
-    report = collect(args.verify)
+    with _stdout_to_stderr() if args.json else contextlib.nullcontext():
+        report = collect(args.verify)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
