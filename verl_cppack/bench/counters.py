@@ -18,7 +18,10 @@ class OpCounter(TorchDispatchMode):
     """Counts every ATen op dispatched inside the ``with`` block, and the syncing ones among them.
 
     It also tracks bytes of newly allocated tensor storage alive at once (``peak_bytes``): a CPU stand-in
-    for ``torch.cuda.max_memory_allocated`` that sees only allocations made inside the block.
+    for ``torch.cuda.max_memory_allocated`` that sees only allocations made inside the block. Tensors made from
+    numpy arrays inside the block (``torch.from_numpy``: verl_cppack's host tables, sent to the device) are
+    tracked too: on an accelerator they are copied there by an op that allocates, on the CPU they share the
+    array's memory and dispatch no op, so without this their bytes would go uncounted.
     """
 
     def __init__(self) -> None:
@@ -27,6 +30,21 @@ class OpCounter(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self._seen_storages: set[int] = set()
+
+    def __enter__(self) -> OpCounter:
+        self._from_numpy = torch.from_numpy
+
+        def tracked_from_numpy(array):
+            tensor = self._from_numpy(array)
+            self._track(tensor)
+            return tensor
+
+        torch.from_numpy = tracked_from_numpy
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        torch.from_numpy = self._from_numpy
+        super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -37,9 +55,13 @@ class OpCounter(TorchDispatchMode):
         if name in ("aten.index", "aten.index_put", "aten.index_put_") and _has_bool_index(args):
             self.ops["sync:boolean_mask_indexing"] += 1  # x[mask] / x[mask] = y size their output from the mask
         out = func(*args, **kwargs)
+        inputs = None
         for tensor in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(tensor, torch.Tensor) and not tensor.is_nested:
-                self._track(tensor)
+                if inputs is None:
+                    inputs = _storages(args, kwargs)
+                if tensor.untyped_storage().data_ptr() not in inputs:  # a view or an in-place op's result: not new
+                    self._track(tensor)
         return out
 
     def _track(self, tensor: torch.Tensor) -> None:
@@ -62,6 +84,16 @@ class OpCounter(TorchDispatchMode):
 
     def syncs(self) -> int:
         return sum(n for op, n in self.ops.items() if op in SYNCING_OPS or op.startswith("sync:"))
+
+
+def _storages(args: tuple, kwargs: dict) -> set[int]:
+    """Where the storages of an op's tensor arguments (lists of tensors included) begin."""
+    found = set()
+    for value in (*args, *kwargs.values()):
+        for tensor in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(tensor, torch.Tensor) and not tensor.is_nested:
+                found.add(tensor.untyped_storage().data_ptr())
+    return found
 
 
 def _has_bool_index(args: tuple) -> bool:

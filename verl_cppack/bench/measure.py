@@ -11,8 +11,9 @@ CP groups (one process per CP rank, ``runtime.gloo_world.run_world``). Times are
 together on every rank: medians over the timed micro-batches, then over runs (fresh process groups).
 
 Also counted, once per point on one more new batch: ATen ops dispatched, host syncs (ops that sync on an
-accelerator, plus ``Tensor.tolist`` and verl_cppack's one host read) and peak extra memory (bytes allocated inside
-the unit, alive at once); at CP=1 verl's VLM mask builders against the drop-ins (``vlm_masks.py``).
+accelerator, plus ``Tensor.tolist`` and verl_cppack's one host read) and peak extra memory (bytes of the tensors
+made inside the unit, verl_cppack's host tables included, alive at once: ``counters.OpCounter``); at CP=1 verl's
+VLM mask builders against the drop-ins (``vlm_masks.py``).
 """
 
 from __future__ import annotations
