@@ -136,22 +136,25 @@ def test_mismatched_group_and_rank_is_a_clear_error_when_the_plan_is_built():
             assert message is not None and "ctx.cp_group has size 2" in message
 
 
-def _gather_with_zero_rows(rank, world_size, gradient):
+def _gather_with_zero_rows(rank, world_size, gradient, zero_row):
     from verl_cppack.collectives.gather import gather_stream
 
     ctx = ParallelContext(cp_size=world_size, cp_rank=rank, cp_group=dist.group.WORLD)
     local = (torch.arange(4 * 2, dtype=torch.float64).view(4, 2) + 100 * rank).requires_grad_(True)
-    gathered = gather_stream(local, ctx, gradient)  # [2 * 4 + 1, 2]
+    gathered = gather_stream(local, ctx, gradient, zero_row)  # [2 * 4 (+ 1), 2]
     weights = torch.arange(gathered.numel(), dtype=torch.float64).view(gathered.shape) + 1
     (gathered * weights).sum().backward()
     return gathered.detach(), local.grad, weights
 
 
+@pytest.mark.parametrize("zero_row", [True, False])
 @pytest.mark.parametrize("gradient", ["local", "sum"])
-def test_the_gathered_stream_ends_with_a_zero_row_and_keeps_its_gradient_contract(gradient):
-    """The stream in rank order, then the zero row ``unpack`` copies padding from; the backward ignores it."""
-    results = run_gloo(_gather_with_zero_rows, 2, gradient)
-    expected = torch.cat([torch.arange(8.0).view(4, 2) + 100 * rank for rank in range(2)] + [torch.zeros(1, 2)])
+def test_the_gathered_stream_ends_with_a_zero_row_if_asked_and_keeps_its_gradient_contract(gradient, zero_row):
+    """The stream in rank order, then (``zero_row``) the zero row ``unpack`` copies padding from; the backward ignores
+    it."""
+    results = run_gloo(_gather_with_zero_rows, 2, gradient, zero_row)
+    zeros = [torch.zeros(1, 2)] if zero_row else []
+    expected = torch.cat([torch.arange(8.0).view(4, 2) + 100 * rank for rank in range(2)] + zeros)
     for rank, (gathered, grad, weights) in enumerate(results):
         assert torch.equal(gathered, expected.double())
         own = weights[4 * rank : 4 * rank + 4]

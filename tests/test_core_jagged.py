@@ -47,3 +47,21 @@ def test_to_padded_rows_equal_torchs_method(trailing, requires_grad):
     expected = nested.to_padded_tensor(-1.5, output_size=(3, 7, *trailing))
     assert rows.shape == expected.shape and torch.equal(rows, expected)
     assert rows.requires_grad == requires_grad
+
+
+@pytest.mark.parametrize("trailing", [(), (2,)])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_jagged_from_values_builds_what_torchs_function_builds(trailing, requires_grad):
+    assert jagged._CONSTRUCTIBLE, "torch's jagged class changed: jagged_from_values now takes the slower public API"
+    values = torch.randn(8, *trailing).requires_grad_(requires_grad)
+    offsets = torch.tensor([0, 3, 3, 8])
+    built = jagged.jagged_from_values(values, offsets)
+    public = torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+    assert type(built) is type(public) and built.layout == torch.jagged and built.shape == public.shape
+    assert built.offsets() is offsets and built.values().data_ptr() == values.data_ptr()
+    assert built._ragged_idx == public._ragged_idx and built.requires_grad == requires_grad
+    assert [torch.equal(a, b) for a, b in zip(built.unbind(), public.unbind())] == [True] * 3
+    assert torch.equal(built.to_padded_tensor(0.0), public.to_padded_tensor(0.0))
+    if requires_grad:  # the gradient reaches the values (torch's own view op records it)
+        (built.values() * 2).sum().backward()
+        assert torch.equal(values.grad, torch.full_like(values, 2.0))

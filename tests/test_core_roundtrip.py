@@ -279,3 +279,17 @@ def test_a_plan_does_not_share_memory_with_its_inputs():
     assert plan.tables.seqlens.tolist() == [3, 1, 2] and plan.seqlens.tolist() == [3, 1, 2]
     nested = torch.nested.nested_tensor([torch.arange(3), torch.arange(1), torch.arange(2)], layout=torch.jagged)
     assert plan.pack(nested)[0].tolist() == [0, 1, 2, 0, 0, 1]
+
+
+def test_the_copy_back_never_shares_memory_with_the_local_output():
+    """At CP=1 the jagged outputs are copied from the model's output itself (no zero row to add): still a copy, as
+    verl's, so editing one never changes the other."""
+    nested = torch.nested.nested_tensor([torch.arange(3.0), torch.arange(1.0), torch.arange(2.0)], layout=torch.jagged)
+    plan = plan_from_nested(nested)
+    local = plan.pack(nested)  # [1, T, *] stands for the model output
+    for restored in (plan.unpack(local), plan.unpack_nested(local)):
+        assert restored.values().untyped_storage().data_ptr() != local.untyped_storage().data_ptr()
+        assert [t.tolist() for t in restored.unbind()] == [[0.0, 1.0, 2.0], [0.0], [0.0, 1.0]]
+    mask_plan = plan_from_mask(torch.tensor([[0, 1, 1], [1, 0, 0]]))
+    rows = mask_plan.unpack(mask_plan.pack(torch.tensor([[5.0, 6.0, 7.0], [8.0, 9.0, 1.0]])))
+    assert rows.tolist() == [[0.0, 6.0, 7.0], [8.0, 0.0, 0.0]]

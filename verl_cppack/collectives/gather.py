@@ -82,17 +82,19 @@ def all_gather_rank_major(
     return _AllGatherRankMajor.apply(local, ctx, gradient, 0, 0)
 
 
-def gather_stream(local: torch.Tensor, ctx: ParallelContext, gradient: GradientContract) -> torch.Tensor:
-    """A plan's ``unpack``: this rank's ``[T_local, *]`` -> the rank-major stream ``[T + 1, *]`` whose last row is zero
-    (where a copy back reads padding), gathered in place; the gradient contract of ``all_gather_rank_major``.
-    Arguments are the plan's, already checked."""
+def gather_stream(
+    local: torch.Tensor, ctx: ParallelContext, gradient: GradientContract, zero_row: bool
+) -> torch.Tensor:
+    """A plan's ``unpack``: this rank's ``[T_local, *]`` -> the rank-major stream ``[T, *]``, with ``zero_row`` one
+    more row, zero (where a copy back reads the rows without a token), gathered in place; the gradient contract of
+    ``all_gather_rank_major``. Arguments are the plan's, already checked."""
     _check_contract(gradient)
-    if ctx.cp_size == 1:  # no communication: the local stream and one zero row (one pad op)
-        return F.pad(local, (0, 0) * (local.dim() - 1) + (0, 1))
+    if ctx.cp_size == 1:  # no communication: the local stream itself, or its copy with one zero row (one pad op)
+        return F.pad(local, (0, 0) * (local.dim() - 1) + (0, 1)) if zero_row else local
     _check_group(ctx)
     if not (local.requires_grad and torch.is_grad_enabled()):  # no graph to record (log-probs under no_grad):
-        return _gathered(local, ctx, 0, 1)  # autograd's Function costs ~60 us a call here
-    return _AllGatherRankMajor.apply(local, ctx, gradient, 0, 1)
+        return _gathered(local, ctx, 0, int(zero_row))  # autograd's Function costs ~60 us a call here
+    return _AllGatherRankMajor.apply(local, ctx, gradient, 0, int(zero_row))
 
 
 def _check_contract(gradient: object) -> None:

@@ -7,10 +7,13 @@ is exactly torch's ``NestedTensor`` class, its parts are read from the attribute
 (``_values``, ``_lengths``: 0.04 us each; ``offsets()`` is a plain method already); anything else (another class,
 a torch without that class or those attributes) takes the public API. ``tests/test_core_jagged.py`` checks that both ways read the same
 parts, so a torch that renames them fails there instead of reading wrong. ``jagged_to_padded`` likewise calls the
-kernel behind ``to_padded_tensor`` directly.
+kernel behind ``to_padded_tensor`` directly, and ``jagged_from_values`` builds the class itself where
+``nested_tensor_from_jagged`` would only add its dispatch.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 
@@ -56,3 +59,19 @@ def jagged_to_padded(x: torch.Tensor, row_length: int, fill: int | float) -> tor
         values = jagged_values(x)
         return x.to_padded_tensor(fill, output_size=(x.size(0), row_length, *values.shape[1:]))
     return _TO_PADDED(x._values, [x.offsets()], [row_length], fill)
+
+
+# the class takes (values, offsets) first: what nested_tensor_from_jagged's view op builds it from, without its dispatch
+_CONSTRUCTIBLE = _JAGGED_CLASS is not None and list(inspect.signature(_JAGGED_CLASS.__new__).parameters)[1:3] == [
+    "values",
+    "offsets",
+]
+
+
+def jagged_from_values(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``torch.nested.nested_tensor_from_jagged(values, offsets)`` (``values`` [N, *], ``offsets`` [B+1] int64): the
+    class itself where autograd has no view to record (``values`` needs no gradient: 46 us -> 13 us here), else
+    torch's function."""
+    if not _CONSTRUCTIBLE or values.requires_grad:
+        return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+    return _JAGGED_CLASS(values, offsets)

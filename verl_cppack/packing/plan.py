@@ -34,7 +34,7 @@ from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import require_jagged, require_stream_int, require_tensor
 from verl_cppack.core.host import tables_to_device
-from verl_cppack.core.jagged import is_jagged, jagged_values
+from verl_cppack.core.jagged import is_jagged, jagged_from_values, jagged_values
 from verl_cppack.core.layouts import Layout, Runs
 from verl_cppack.core.runs import count_up
 from verl_cppack.packing.copies import RowCopy, as_dtype, communicable, copyable
@@ -278,7 +278,7 @@ class PackPlan:
         copied as is, as in ``pack``. ``name``: what errors call ``y_local``.
         """
         local = self._check_local(y_local, name)[0]  # [T_local, *]
-        stream = gather_stream(communicable(local), self.ctx, gradient)  # [T + 1, *], the last row zero
+        stream = gather_stream(communicable(local), self.ctx, gradient, self._reads_zero_row)  # [T (+ 1), *]
         return self._to_source_layout(as_dtype(self._from_stream(copyable(stream)), local.dtype))
 
     def restore(self, local_outputs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -295,7 +295,8 @@ class PackPlan:
         outputs = [copyable(self._check_local(y, f"local_outputs[{rank}]"))[0] for rank, y in enumerate(local_outputs)]
         if len({(y.dtype, y.shape[1:]) for y in outputs}) > 1:
             raise ValueError("every rank's local output must have the same dtype and trailing dimensions")
-        stream = torch.cat([*outputs, outputs[0].new_zeros((1, *outputs[0].shape[1:]))])  # [T + 1, *]
+        zero_rows = [outputs[0].new_zeros((1, *outputs[0].shape[1:]))] if self._reads_zero_row else []
+        stream = torch.cat([*outputs, *zero_rows])  # [T (+ 1), *]
         dtype = local_outputs[0].dtype
         return self._to_source_layout(as_dtype(self._from_stream(stream), dtype))
 
@@ -304,9 +305,9 @@ class PackPlan:
     ) -> torch.Tensor:
         """Like ``unpack`` but always a jagged nested tensor ``[n, j, *]`` of the real tokens of each sequence."""
         local = self._check_local(y_local, name)[0]
-        stream = copyable(gather_stream(communicable(local), self.ctx, gradient))
+        stream = copyable(gather_stream(communicable(local), self.ctx, gradient, zero_row=False))  # [T, *]
         values = as_dtype(self._unpack_copy(token_space=True)(stream), local.dtype)  # [N, *]
-        return torch.nested.nested_tensor_from_jagged(values, offsets=self.jagged_offsets)
+        return jagged_from_values(values, self.jagged_offsets)
 
     def _check_local(self, y_local: torch.Tensor, name: str) -> torch.Tensor:
         require_tensor(name, y_local)
@@ -319,8 +320,14 @@ class PackPlan:
             raise ValueError(f"{name} is on {y_local.device} but the plan was built on {self.device}; move one")
         return y_local
 
+    @property
+    def _reads_zero_row(self) -> bool:
+        """Whether the copy back reads a zero row after the rank-major stream: a padded source's rows without a token
+        do (a jagged source's rows, and the tokens that ``token_rows`` places, are all tokens)."""
+        return self.source_shape is not None and self.token_rows is None
+
     def _from_stream(self, stream: torch.Tensor) -> torch.Tensor:
-        """The rank-major stream and its zero row ``[T + 1, *]`` -> source rows ``[R, *]``."""
+        """The rank-major stream ``[T, *]``, followed by its zero row where ``_reads_zero_row`` -> source rows ``[R, *]``."""
         if self.token_rows is None:
             return self._unpack_copy(token_space=False)(stream)
         tokens = self._unpack_copy(token_space=True)(stream)  # [N, *] -> their source rows (rows with gaps)
@@ -329,5 +336,5 @@ class PackPlan:
 
     def _to_source_layout(self, rows: torch.Tensor) -> torch.Tensor:
         if self.source_shape is None:
-            return torch.nested.nested_tensor_from_jagged(rows, offsets=self.jagged_offsets)
+            return jagged_from_values(rows, self.jagged_offsets)
         return rows.view(*self.source_shape, *rows.shape[1:])
