@@ -6,7 +6,8 @@ layout (a slot, or a CP chunk of one), so it is one expansion (``core.runs.count
 - ``pack_index``: this rank's local stream read from the source rows, ``shift`` places ahead inside each sequence
   (``wrap``: round inside it); the positions whose target is no token are listed to be zeroed after the copy;
 - ``unpack_index``: the source rows read from the rank-major stream (every rank's local stream, rank 0 first)
-  followed by one zero row, where every row without a token reads (after a clamp).
+  followed by one zero row, where every row without a token reads (after a clamp; an output whose rows are all
+  tokens reads no zero row).
 
 Indices are int32 (half the memory traffic of int64, and ``index_select`` takes them) unless a table is too long.
 """

@@ -198,9 +198,10 @@ class PackPlan:
         return copy
 
     def _unpack_copy(self, token_space: bool) -> RowCopy:
-        """What the copy back reads from the rank-major stream followed by one zero row: source rows, or the ``N``
-        tokens in stream order with ``token_space``. Each sequence's chunks are read from where the layout put
-        them; the rows between them read the zero row."""
+        """What the copy back reads from the rank-major stream (followed by its zero row where ``_reads_zero_row``):
+        source rows, or the ``N`` tokens in stream order with ``token_space``. Each sequence's chunks are read from
+        where the layout put them; the rows between them (a padded source's rows without a token) read the zero
+        row."""
         key = ("unpack", token_space)
         copy = self._copies.get(key)
         if copy is None:
@@ -210,7 +211,8 @@ class PackPlan:
             rows = self.num_valid_tokens if token_space else self.source_rows
             index = unpack_index(all_ranks, first, tables.seqlens, rows, zero_row=self.total_length)
             copy = self._copies[key] = RowCopy.of(index, np.empty(0, np.int64), self.device)
-            copy.index.clamp_max_(self.total_length)  # rows without a token: the zero row (one pass on the device)
+            if self._reads_zero_row and not token_space:  # (else every row is a token: nothing to clamp)
+                copy.index.clamp_max_(self.total_length)  # rows without a token: the zero row (one pass on the device)
         return copy
 
     # ------------------------------------------------------------------ pack
