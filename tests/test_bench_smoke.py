@@ -5,6 +5,8 @@ ATen op count for B=8 and B=32, verl's op count grows with B, and the floors mov
 functions move. The tests that start gloo processes are marked slow; the rest run in the fast lane.
 """
 
+import argparse
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from verl_cppack.bench.measure import median_over_runs, run_benchmark
 from verl_cppack.bench.report import (
     SECTION_BEGIN,
     SECTION_END,
+    SECTIONS,
     performance_section,
     update_generated_section,
     write_outputs,
@@ -268,7 +271,30 @@ def test_a_missing_document_or_an_output_that_is_a_file_is_refused_before_measur
     (tmp_path / "plain.md").write_text("# no markers\n")
     assert main(["bench", "--quick", "--update-docs", "--doc", str(tmp_path / "plain.md")]) == 2
     assert "has no performance markers" in capsys.readouterr().err
+    legacy_only = tmp_path / "legacy.md"
+    legacy_only.write_text(f"{SECTION_BEGIN}\nkept\n{SECTION_END}\n")
+    assert main(["bench", "--quick", "--functions", "engine", "--update-docs", "--doc", str(legacy_only)]) == 2
+    assert "no performance markers for --functions engine" in capsys.readouterr().err
+    assert "kept" in legacy_only.read_text()
     (tmp_path / "a_file").write_text("x")
     assert main(["bench", "--quick", "--output", str(tmp_path / "a_file")]) == 2
     assert "cannot be a results folder" in capsys.readouterr().err
     assert (tmp_path / "a_file").read_text() == "x"
+
+
+def test_each_function_family_has_its_own_generated_section(tmp_path):
+    """An engine run rewrites the engine section alone, a legacy run the legacy one; each keeps its results folder."""
+    from verl_cppack.cli.bench import output_folder
+
+    engine_begin, engine_end = SECTIONS["engine"]
+    document = tmp_path / "performance.md"
+    document.write_text(f"{SECTION_BEGIN}\nlegacy\n{SECTION_END}\nprose\n{engine_begin}\nengine\n{engine_end}\n")
+    update_generated_section(document, "new engine figures", "engine")
+    assert document.read_text() == (
+        f"{SECTION_BEGIN}\nlegacy\n{SECTION_END}\nprose\n{engine_begin}\nnew engine figures\n{engine_end}\n"
+    )
+    update_generated_section(document, "new legacy figures")
+    assert "new legacy figures" in document.read_text() and "new engine figures" in document.read_text()
+    args = argparse.Namespace(output=None, update_docs=True, doc=str(document), functions="engine")
+    assert output_folder(args) == tmp_path / "benchmarks" / "engine"
+    assert output_folder(argparse.Namespace(**{**vars(args), "functions": "legacy"})) == tmp_path / "benchmarks"

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
                 settings = dataclasses.replace(settings, **{name: _int_list(name, getattr(args, name))})
         settings.check()
         if args.update_docs:
-            generated_section_text(Path(args.doc))  # before minutes of measuring, not after
+            generated_section_text(Path(args.doc), args.functions)  # before minutes of measuring, not after
         output = output_folder(args)
         try:
             output.mkdir(parents=True, exist_ok=True)
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         plot_path = None
         if "plot" in paths:
             plot_path = os.path.relpath(Path(paths["plot"]).resolve(), document.resolve().parent)
-        update_generated_section(document, performance_section(rows, settings, plot_path, machine))
+        update_generated_section(document, performance_section(rows, settings, plot_path, machine), args.functions)
         print(f"updated the generated section of {document}")
     missed = missed_targets(rows)
     for line in missed:
@@ -88,11 +88,14 @@ def _load() -> float | None:
 
 
 def output_folder(args: argparse.Namespace) -> Path:
-    """``--output``; by default ``bench_out``, or with ``--update-docs`` ``benchmarks/`` beside the document, so the
-    plot the document links to is committed with it."""
+    """``--output``; by default ``bench_out``, or with ``--update-docs`` ``benchmarks/`` beside the document
+    (``benchmarks/engine/`` for ``--functions engine``), so the plot the document links to is committed with it."""
     if args.output is not None:
         return Path(args.output)
-    return Path(args.doc).parent / "benchmarks" if args.update_docs else Path("bench_out")
+    if not args.update_docs:
+        return Path("bench_out")
+    folder = Path(args.doc).parent / "benchmarks"
+    return folder / "engine" if args.functions == "engine" else folder
 
 
 def _int_list(name: str, text: str) -> tuple[int, ...]:
@@ -115,7 +118,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat (CI smoke run)")
     parser.add_argument(
         "--output",
-        help="folder for results.json, table.md, speedup.png (default bench_out; with --update-docs benchmarks/ beside --doc)",
+        help="folder for results.json, table.md, speedup.png (default bench_out; with --update-docs benchmarks/ beside "
+        "--doc, benchmarks/engine/ with --functions engine)",
     )
     defaults = BenchSettings()
     parser.add_argument(
@@ -156,7 +160,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--system-malloc", action="store_true", help="CPU: leave glibc's defaults (freed buffers go back to the OS)"
     )
-    parser.add_argument("--update-docs", action="store_true", help="rewrite the generated section of --doc")
+    parser.add_argument(
+        "--update-docs", action="store_true", help="rewrite the generated section of --doc (one per --functions)"
+    )
     parser.add_argument("--doc", default="docs/performance.md", help="document to update (default docs/performance.md)")
     parser.add_argument(
         "--strict",
