@@ -61,11 +61,9 @@ def jagged_to_padded(x: torch.Tensor, row_length: int, fill: int | float) -> tor
     return _TO_PADDED(x._values, [x.offsets()], [row_length], fill)
 
 
-# the class takes (values, offsets) first: what nested_tensor_from_jagged's view op builds it from, without its dispatch
-_CONSTRUCTIBLE = _JAGGED_CLASS is not None and list(inspect.signature(_JAGGED_CLASS.__new__).parameters)[1:3] == [
-    "values",
-    "offsets",
-]
+# built from (values, offsets), as nested_tensor_from_jagged's view op builds it, where the class takes them first
+_CONSTRUCTOR = list(inspect.signature(_JAGGED_CLASS.__new__).parameters) if _JAGGED_CLASS is not None else []
+_CONSTRUCTIBLE = _CONSTRUCTOR[1:3] == ["values", "offsets"]
 
 
 def jagged_from_values(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,9 @@ row lands on.
 ``pack`` reads the caller's rows (``[R, *]``, a view of the padded batch or of a jagged batch's values) with
 the plan's per-position index and zeroes its few padding positions (``zero_positions``: one ``index_fill_``,
 skipped when there are none); ``unpack`` reads the all-gathered stream, followed by one zero row where the
-output has positions without a token (a padded source's): every such position points there. Both indices are built on the host (``packing.indices``) and sent to the device
-in one copy each. Every dtype is copied as is: those the index kernels lack travel as same-size integers
-(``copyable`` / ``as_dtype``).
+output has positions without a token (a padded source's): every such position points there. Both indices are built
+on the host (``packing.indices``) and sent to the device in one copy each. Every dtype is copied as is: those the
+index kernels lack travel as same-size integers (``copyable`` / ``as_dtype``).
 """
 
 from __future__ import annotations
