@@ -159,3 +159,46 @@ def test_the_gathered_stream_ends_with_a_zero_row_if_asked_and_keeps_its_gradien
         assert torch.equal(gathered, expected.double())
         own = weights[4 * rank : 4 * rank + 4]
         assert torch.equal(grad, own if gradient == "local" else 2 * own)  # "sum": both ranks' equal gradients
+
+
+def _gather_with_host_work(rank, world_size, fail_on_rank):
+    from verl_cppack.collectives.gather import gather_stream
+
+    ctx = ParallelContext(cp_size=world_size, cp_rank=rank, cp_group=dist.group.WORLD)
+    local = torch.arange(3.0) + 10 * rank
+    calls = []
+
+    def host_work():
+        calls.append(rank)
+        if rank == fail_on_rank:
+            raise ValueError("host work failed")
+
+    try:
+        gather_stream(local, ctx, "local", False, host_work)
+        error = None
+    except ValueError as raised:
+        error = str(raised)
+    after = gather_stream(local * 2, ctx, "local", True, host_work if rank != fail_on_rank else None)
+    return calls, error, after
+
+
+@pytest.mark.parametrize("fail_on_rank", [None, 0])
+def test_host_work_runs_once_while_the_all_gather_is_in_flight_and_a_failure_keeps_the_ranks_in_step(fail_on_rank):
+    """The copy back's index is built while the all-gather is in flight: the work runs once per gather on every
+    rank; if it raises on one rank, that rank still completes the all-gather, so the next collective pairs up."""
+    results = run_gloo(_gather_with_host_work, 2, fail_on_rank)
+    expected_after = torch.cat([(torch.arange(3.0) + 10 * rank) * 2 for rank in range(2)] + [torch.zeros(1)])
+    for rank, (calls, error, after) in enumerate(results):
+        failed = rank == fail_on_rank
+        assert calls == [rank] * (1 if failed else 2)
+        assert error == ("host work failed" if failed else None)
+        assert torch.equal(after, expected_after)
+
+
+def test_at_cp_1_nothing_is_in_flight_and_the_host_work_is_left_to_the_caller():
+    from verl_cppack.collectives.gather import gather_stream
+
+    calls = []
+    local = torch.arange(3.0)
+    assert gather_stream(local, ParallelContext(), "local", False, lambda: calls.append(1)) is local
+    assert calls == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -23,9 +24,17 @@ def _check_group(ctx: ParallelContext) -> None:
     ctx.check_group()  # torch.distributed answered for the group when ctx was made
 
 
-def _gathered(local: torch.Tensor, parallel: ParallelContext, dim: int, zero_rows: int) -> torch.Tensor:
+def _gathered(
+    local: torch.Tensor,
+    parallel: ParallelContext,
+    dim: int,
+    zero_rows: int,
+    while_waiting: Callable[[], object] | None = None,
+) -> torch.Tensor:
     """Every rank's ``local`` concatenated along ``dim`` (rank 0 first), then ``zero_rows`` zero rows: one
-    all-gather straight into views of the output (no autograd)."""
+    all-gather straight into views of the output (no autograd). ``while_waiting`` runs on the host while the
+    all-gather is in flight (the copy back's index is built there); the all-gather is waited for even if it
+    raises, so no buffer is freed under a collective and every rank's collectives stay in step."""
     wire = local.contiguous()
     if wire.dtype == torch.bool:  # gloo has no bool all-gather; same bytes as uint8
         wire = wire.view(torch.uint8)
@@ -38,7 +47,13 @@ def _gathered(local: torch.Tensor, parallel: ParallelContext, dim: int, zero_row
     else:
         gathered = into = wire.new_empty(shape)
     # one buffer per rank, each shaped like the local output, as verl's own all-gather (and its tests' stand-ins)
-    dist.all_gather(list(into.chunk(parallel.cp_size, dim)), wire, group=parallel.cp_group)
+    work = dist.all_gather(list(into.chunk(parallel.cp_size, dim)), wire, group=parallel.cp_group, async_op=True)
+    try:
+        if while_waiting is not None:
+            while_waiting()
+    finally:
+        if work is not None:  # None: a stand-in all-gather that finished at once
+            work.wait()
     return gathered.view(torch.bool) if local.dtype == torch.bool else gathered
 
 
@@ -47,10 +62,16 @@ class _AllGatherRankMajor(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, local: torch.Tensor, parallel: ParallelContext, contract: str, dim: int, zero_rows: int
+        ctx,
+        local: torch.Tensor,
+        parallel: ParallelContext,
+        contract: str,
+        dim: int,
+        zero_rows: int,
+        while_waiting: Callable[[], object] | None,
     ) -> torch.Tensor:
         ctx.parallel, ctx.contract, ctx.dim, ctx.local_length = parallel, contract, dim, local.shape[dim]
-        return _gathered(local, parallel, dim, zero_rows)
+        return _gathered(local, parallel, dim, zero_rows, while_waiting)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -58,7 +79,7 @@ class _AllGatherRankMajor(torch.autograd.Function):
         if ctx.contract == "sum":
             grad = grad.contiguous()
             dist.all_reduce(grad, group=parallel.cp_group)
-        return grad.narrow(dim, parallel.cp_rank * ctx.local_length, ctx.local_length), None, None, None, None
+        return grad.narrow(dim, parallel.cp_rank * ctx.local_length, ctx.local_length), None, None, None, None, None
 
 
 def all_gather_rank_major(
@@ -79,22 +100,27 @@ def all_gather_rank_major(
     if ctx.cp_size == 1:
         return local
     _check_group(ctx)
-    return _AllGatherRankMajor.apply(local, ctx, gradient, 0, 0)
+    return _AllGatherRankMajor.apply(local, ctx, gradient, 0, 0, None)
 
 
 def gather_stream(
-    local: torch.Tensor, ctx: ParallelContext, gradient: GradientContract, zero_row: bool
+    local: torch.Tensor,
+    ctx: ParallelContext,
+    gradient: GradientContract,
+    zero_row: bool,
+    while_waiting: Callable[[], object] | None = None,
 ) -> torch.Tensor:
     """A plan's ``unpack``: this rank's ``[T_local, *]`` -> the rank-major stream ``[T, *]``, with ``zero_row`` one
     more row, zero (where a copy back reads the rows without a token), gathered in place; the gradient contract of
-    ``all_gather_rank_major``. Arguments are the plan's, already checked."""
+    ``all_gather_rank_major``. ``while_waiting``: host work to run while the all-gather is in flight (not run at
+    CP=1, where nothing is in flight). Arguments are the plan's, already checked."""
     _check_contract(gradient)
     if ctx.cp_size == 1:  # no communication: the local stream itself, or its copy with one zero row (one pad op)
         return F.pad(local, (0, 0) * (local.dim() - 1) + (0, 1)) if zero_row else local
     _check_group(ctx)
     if not (local.requires_grad and torch.is_grad_enabled()):  # no graph to record (log-probs under no_grad):
-        return _gathered(local, ctx, 0, int(zero_row))  # autograd's Function costs ~60 us a call here
-    return _AllGatherRankMajor.apply(local, ctx, gradient, 0, int(zero_row))
+        return _gathered(local, ctx, 0, int(zero_row), while_waiting)  # autograd's Function costs ~60 us a call here
+    return _AllGatherRankMajor.apply(local, ctx, gradient, 0, int(zero_row), while_waiting)
 
 
 def _check_contract(gradient: object) -> None:

@@ -280,7 +280,10 @@ class PackPlan:
         copied as is, as in ``pack``. ``name``: what errors call ``y_local``.
         """
         local = self._check_local(y_local, name)[0]  # [T_local, *]
-        stream = gather_stream(communicable(local), self.ctx, gradient, self._reads_zero_row)  # [T (+ 1), *]
+        token_space = self.token_rows is not None
+        stream = gather_stream(  # [T (+ 1), *]; the copy back's index is built while the all-gather is in flight
+            communicable(local), self.ctx, gradient, self._reads_zero_row, lambda: self._unpack_copy(token_space)
+        )
         return self._to_source_layout(as_dtype(self._from_stream(copyable(stream)), local.dtype))
 
     def restore(self, local_outputs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -307,8 +310,8 @@ class PackPlan:
     ) -> torch.Tensor:
         """Like ``unpack`` but always a jagged nested tensor ``[n, j, *]`` of the real tokens of each sequence."""
         local = self._check_local(y_local, name)[0]
-        stream = copyable(gather_stream(communicable(local), self.ctx, gradient, zero_row=False))  # [T, *]
-        values = as_dtype(self._unpack_copy(token_space=True)(stream), local.dtype)  # [N, *]
+        stream = gather_stream(communicable(local), self.ctx, gradient, False, lambda: self._unpack_copy(True))
+        values = as_dtype(self._unpack_copy(token_space=True)(copyable(stream)), local.dtype)  # [N, *] from [T, *]
         return jagged_from_values(values, self.jagged_offsets)
 
     def _check_local(self, y_local: torch.Tensor, name: str) -> torch.Tensor:
