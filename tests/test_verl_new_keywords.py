@@ -157,6 +157,28 @@ def test_a_bad_fp8_recipe_is_refused_naming_it(context, recipe, error, message):
             call()
 
 
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"fp8_recipe": ["mxfp8"]}, TypeError, "fp8_recipe must be None or a recipe name"),
+        ({"min_local_rows": [3]}, TypeError, "min_local_rows must be an int"),
+        ({"min_local_rows": -1}, ValueError, "min_local_rows must be >= 0"),
+        ({"pad_to_length_bucket": [64]}, ValueError, "pad_to_length_bucket must be a positive integer"),
+        ({"pad_to_length_bucket": True}, ValueError, "pad_to_length_bucket must be a positive integer"),
+    ],
+)
+def test_the_engine_padding_is_kept_per_arguments_and_bad_ones_are_refused_each_time(context, options, error, message):
+    """The engine's padding policy is worked out once per arguments; one that cannot be a key (a list) is refused
+    with its own error as any other, and a refused call leaves nothing kept."""
+    nested = torch.nested.nested_tensor([torch.ones(3), torch.ones(2)], layout=torch.jagged)
+    for _ in range(2):
+        with pytest.raises(error, match=message):
+            dropins.preprocess_thd_engine(nested, **options)
+    kept = dropins.preprocess_thd_engine(nested, min_local_rows=8, pad_to_length_bucket=16, fp8_recipe="mxfp8")
+    again = dropins.preprocess_thd_engine(nested, min_local_rows=8, pad_to_length_bucket=16, fp8_recipe="mxfp8")
+    assert kept[0].shape == again[0].shape == (1, 16)  # 5 tokens, the stream to a multiple of 16 (at least 8)
+
+
 # ------------------------------------------------------------------------------------------------ total_tokens
 def _nested(*rows):
     return torch.nested.nested_tensor([torch.tensor(row) for row in rows], layout=torch.jagged)

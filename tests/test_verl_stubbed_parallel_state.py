@@ -48,7 +48,7 @@ class Stubs:
         assert group is self.group
         tensor.copy_(MASK.sum(dim=1))
 
-    def all_gather(self, outputs, tensor, group=None, async_op=False):
+    def all_gather(self, outputs, tensor, group=None):  # the arguments verl passes (no async_op)
         assert group is self.group
         for output, rank_output in zip(outputs, self.gathered):
             output.copy_(rank_output.reshape(output.shape))

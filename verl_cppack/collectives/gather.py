@@ -14,6 +14,8 @@ from verl_cppack.core.checks import require_context, require_tensor
 
 GradientContract = Literal["local", "sum"]
 
+_TORCH_ALL_GATHER = dist.all_gather  # torch's own, as imported (tests may put a stand-in in its place)
+
 
 def _check_group(ctx: ParallelContext) -> None:
     if ctx.cp_group is None:
@@ -47,12 +49,17 @@ def _gathered(
     else:
         gathered = into = wire.new_empty(shape)
     # one buffer per rank, each shaped like the local output, as verl's own all-gather (and its tests' stand-ins)
-    work = dist.all_gather(list(into.chunk(parallel.cp_size, dim)), wire, group=parallel.cp_group, async_op=True)
+    outputs = list(into.chunk(parallel.cp_size, dim))
+    if dist.all_gather is _TORCH_ALL_GATHER:  # started now, waited for once ``while_waiting`` is done
+        work = dist.all_gather(outputs, wire, group=parallel.cp_group, async_op=True)
+    else:  # a stand-in put in torch.distributed (verl's tests have their own): called as verl calls it, blocking
+        dist.all_gather(outputs, wire, group=parallel.cp_group)
+        work = None
     try:
         if while_waiting is not None:
             while_waiting()
     finally:
-        if work is not None:  # None: a stand-in all-gather that finished at once
+        if work is not None:
             work.wait()
     return gathered.view(torch.bool) if local.dtype == torch.bool else gathered
 
