@@ -6,8 +6,9 @@ memory as the bench does. The first preprocess call is split into what it does: 
 parallel context read from megatron, the plan (mask scan, per-sequence tables, the cache's copy of the mask), the
 ``PackedSeqParams``, and the first copy (its index built on the host, then ``index_select``); the first
 postprocess call builds the copy back's index, the second reuses it. Times are rank 0's medians in microseconds.
-Last, a fixed pure-Python loop is timed back to back, right after a barrier and after 2 ms asleep: what this machine
-does to whatever runs first after a wait (every timed part here and in the bench starts after a barrier).
+Then each implementation's first preprocess call on a new mask is timed right after a barrier, back to back, and after
+2 ms asleep with nothing else run; last, a fixed pure-Python loop the same three ways: what this machine does to
+whatever runs first after a wait (every timed part here and in the bench starts after a barrier).
 
 Usage: ``python benchmarks/profile_small_batch.py [--batch-size 1] [--seq-len 8192] [--cp 1] [--repeats 200]``.
 It prints a table and asserts nothing (this is not a test).
@@ -98,6 +99,9 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
             "ours": [statistics.median(p) for p in zip(*ours)],
             "verl": [statistics.median(p) for p in zip(*verl)],
             "probe": _idle_probe(),
+            "first_calls": _first_calls_after_a_wait(
+                {"verl": verl_util, "verl_cppack": dropins}, batch_size, seq_len, repeats
+            ),
         }
     finally:
         parallel_state.destroy_model_parallel()
@@ -128,6 +132,26 @@ def _idle_probe(repeats: int = 200) -> list[float]:
     return [statistics.median(timing) for timing in timings]
 
 
+def _first_calls_after_a_wait(modules: dict, batch_size: int, seq_len: int, repeats: int) -> dict[str, list[float]]:
+    """One first ``preprocess_packed_seqs`` call on a new mask, per implementation: right after a barrier, right after
+    another such call (back to back), and after 2 ms asleep with nothing else run (medians, us). Sleeping alone
+    separates what the machine does after a wait from what other work in between does to the caches."""
+    timings: dict[str, list[list[float]]] = {name: [[], [], []] for name in modules}
+    for index in range(repeats + 10):
+        for name, module in modules.items():
+            batches = [micro_batch(batch_size, seq_len, seed=10_000 * case + index) for case in (1, 2, 3)]
+            for case, batch in enumerate(batches):
+                if case == 0:
+                    dist.barrier()
+                elif case == 2:
+                    time.sleep(0.002)
+                begin = time.perf_counter_ns()
+                module.preprocess_packed_seqs(batch.input_ids, batch.attention_mask)
+                if index >= 10:
+                    timings[name][case].append((time.perf_counter_ns() - begin) / 1e3)
+    return {name: [statistics.median(timing) for timing in cases] for name, cases in timings.items()}
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -150,6 +174,11 @@ def main() -> None:
         print(f"  {name:42s} {value:8.1f}")
     print(f"  {'verl_cppack preprocess (3 calls)':42s} {sum(ours[:5]):8.1f}   verl {verl[0]:8.1f}")
     print(f"  {'verl_cppack postprocess (2 calls)':42s} {sum(ours[5:]):8.1f}   verl {verl[1]:8.1f}")
+    for name, (after_barrier, back_to_back, after_sleep) in result["first_calls"].items():
+        print(
+            f"  {name}'s first preprocess call on a new mask: {after_barrier:.1f} right after a barrier, "
+            f"{back_to_back:.1f} back to back, {after_sleep:.1f} after 2 ms asleep"
+        )
     warm, after_barrier, after_sleep = result["probe"]
     print(
         f"  a fixed pure-Python loop: {warm:.1f} back to back, {after_barrier:.1f} right after a barrier, "
