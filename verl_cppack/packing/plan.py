@@ -280,9 +280,8 @@ class PackPlan:
         copied as is, as in ``pack``. ``name``: what errors call ``y_local``.
         """
         local = self._check_local(y_local, name)[0]  # [T_local, *]
-        token_space = self.token_rows is not None
         stream = gather_stream(  # [T (+ 1), *]; the copy back's index is built while the all-gather is in flight
-            communicable(local), self.ctx, gradient, self._reads_zero_row, lambda: self._unpack_copy(token_space)
+            communicable(local), self.ctx, gradient, self._reads_zero_row, self._copy_back
         )
         return self._to_source_layout(as_dtype(self._from_stream(copyable(stream)), local.dtype))
 
@@ -331,13 +330,17 @@ class PackPlan:
         do (a jagged source's rows, and the tokens that ``token_rows`` places, are all tokens)."""
         return self.source_shape is not None and self.token_rows is None
 
+    def _copy_back(self) -> RowCopy:
+        """What ``_from_stream`` reads the stream with: source rows, or the tokens where ``token_rows`` places them."""
+        return self._unpack_copy(token_space=self.token_rows is not None)
+
     def _from_stream(self, stream: torch.Tensor) -> torch.Tensor:
         """The rank-major stream ``[T, *]``, followed by its zero row where ``_reads_zero_row`` -> source rows ``[R, *]``."""
+        copied = self._copy_back()(stream)  # [R, *], or the [N, *] tokens where token_rows places them
         if self.token_rows is None:
-            return self._unpack_copy(token_space=False)(stream)
-        tokens = self._unpack_copy(token_space=True)(stream)  # [N, *] -> their source rows (rows with gaps)
-        rows = tokens.new_zeros((self.source_rows, *tokens.shape[1:]))
-        return rows.index_copy_(0, self.token_rows, tokens)
+            return copied
+        rows = copied.new_zeros((self.source_rows, *copied.shape[1:]))  # (rows with gaps)
+        return rows.index_copy_(0, self.token_rows, copied)
 
     def _to_source_layout(self, rows: torch.Tensor) -> torch.Tensor:
         if self.source_shape is None:
