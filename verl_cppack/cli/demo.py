@@ -20,20 +20,18 @@ def describe(cp_size: int, layout: str, tp_size: int = 1) -> list[str]:
         plan = plan_from_lengths(
             lengths, ParallelContext(tp_size=tp_size, cp_size=cp_size, cp_rank=rank), layout=layout
         )
+        stream = ["P"] * plan.total_length
+        for position, source in enumerate(plan.stream_source.tolist()):
+            if source < plan.source_rows:
+                stream[position] = tokens[source]
         if rank == 0:
-            stream = ["P"] * plan.total_length
-            for position, source in enumerate(plan.stream_source.tolist()):
-                if source < plan.source_rows:
-                    stream[position] = tokens[source]
             lines.append(f"layout={layout} cp={cp_size} tp={tp_size}")
             lines.append(f"  cu_seqlens        = {plan.cu_seqlens.tolist()}")
             lines.append(
                 f"  cu_seqlens_padded = {plan.cu_seqlens_padded.tolist()}  max_seqlen_padded = {plan.max_seqlen_padded}"
             )
             lines.append(f"  packed stream     = {' '.join(stream)}")
-        local_tokens = [
-            tokens[s] if v else "P" for s, v in zip(plan.local_source.tolist(), plan.local_valid_mask.tolist())
-        ]
+        local_tokens = [stream[position] for position in plan.local_index.tolist()]
         lines.append(
             f"  rank {rank}: index {plan.local_index.tolist()} -> {' '.join(local_tokens)} "
             f"({int(plan.local_valid_mask.sum())} valid)"

@@ -27,29 +27,22 @@ def _check_group(ctx: ParallelContext) -> None:
 
 
 def _gathered(
-    local: torch.Tensor,
-    parallel: ParallelContext,
-    dim: int,
-    zero_rows: int,
-    while_waiting: Callable[[], object] | None = None,
+    local: torch.Tensor, parallel: ParallelContext, zero_rows: int, while_waiting: Callable[[], object] | None
 ) -> torch.Tensor:
-    """Every rank's ``local`` concatenated along ``dim`` (rank 0 first), then ``zero_rows`` zero rows: one
+    """Every rank's ``local`` ``[T_local, *]`` concatenated (rank 0 first), then ``zero_rows`` zero rows: one
     all-gather straight into views of the output (no autograd). ``while_waiting`` runs on the host while the
     all-gather is in flight (the copy back's index is built there); the all-gather is waited for even if it
     raises, so no buffer is freed under a collective and every rank's collectives stay in step."""
     wire = local.contiguous()
     if wire.dtype == torch.bool:  # gloo has no bool all-gather; same bytes as uint8
         wire = wire.view(torch.uint8)
-    shape = list(wire.shape)
-    stream_length = parallel.cp_size * shape[dim]
-    shape[dim] = stream_length + zero_rows
+    local_length = wire.shape[0]
+    gathered = wire.new_empty((parallel.cp_size * local_length + zero_rows, *wire.shape[1:]))
+    # one buffer per rank, each shaped like the local output, as verl's own all-gather (and its tests' stand-ins),
+    # then the zero rows
+    *outputs, zeros = gathered.split_with_sizes([local_length] * parallel.cp_size + [zero_rows])
     if zero_rows:
-        gathered = wire.new_zeros(shape)
-        into = gathered.narrow(dim, 0, stream_length)  # contiguous: dim is 0 or every dimension before it is 1
-    else:
-        gathered = into = wire.new_empty(shape)
-    # one buffer per rank, each shaped like the local output, as verl's own all-gather (and its tests' stand-ins)
-    outputs = list(into.chunk(parallel.cp_size, dim))
+        zeros.zero_()
     if dist.all_gather is _TORCH_ALL_GATHER:  # started now, waited for once ``while_waiting`` is done
         work = dist.all_gather(outputs, wire, group=parallel.cp_group, async_op=True)
     else:  # a stand-in put in torch.distributed (verl's tests have their own): called as verl calls it, blocking
@@ -73,20 +66,19 @@ class _AllGatherRankMajor(torch.autograd.Function):
         local: torch.Tensor,
         parallel: ParallelContext,
         contract: str,
-        dim: int,
         zero_rows: int,
         while_waiting: Callable[[], object] | None,
     ) -> torch.Tensor:
-        ctx.parallel, ctx.contract, ctx.dim, ctx.local_length = parallel, contract, dim, local.shape[dim]
-        return _gathered(local, parallel, dim, zero_rows, while_waiting)
+        ctx.parallel, ctx.contract, ctx.local_length = parallel, contract, local.shape[0]
+        return _gathered(local, parallel, zero_rows, while_waiting)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        parallel, dim = ctx.parallel, ctx.dim
+        parallel = ctx.parallel
         if ctx.contract == "sum":
             grad = grad.contiguous()
             dist.all_reduce(grad, group=parallel.cp_group)
-        return grad.narrow(dim, parallel.cp_rank * ctx.local_length, ctx.local_length), None, None, None, None, None
+        return grad.narrow(0, parallel.cp_rank * ctx.local_length, ctx.local_length), None, None, None, None
 
 
 def all_gather_rank_major(
@@ -104,10 +96,7 @@ def all_gather_rank_major(
     _check_contract(gradient)
     if local.dim() < 1:
         raise ValueError(f"local must be [T_local, *] (at least 1-D), got shape {tuple(local.shape)}")
-    if ctx.cp_size == 1:
-        return local
-    _check_group(ctx)
-    return _AllGatherRankMajor.apply(local, ctx, gradient, 0, 0, None)
+    return gather_stream(local, ctx, gradient, False)
 
 
 def gather_stream(
@@ -126,8 +115,8 @@ def gather_stream(
         return F.pad(local, (0, 0) * (local.dim() - 1) + (0, 1)) if zero_row else local
     _check_group(ctx)
     if not (local.requires_grad and torch.is_grad_enabled()):  # no graph to record (log-probs under no_grad):
-        return _gathered(local, ctx, 0, int(zero_row), while_waiting)  # autograd's Function costs ~60 us a call here
-    return _AllGatherRankMajor.apply(local, ctx, gradient, 0, int(zero_row), while_waiting)
+        return _gathered(local, ctx, int(zero_row), while_waiting)  # autograd's Function costs ~60 us a call here
+    return _AllGatherRankMajor.apply(local, ctx, gradient, int(zero_row), while_waiting)
 
 
 def _check_contract(gradient: object) -> None:

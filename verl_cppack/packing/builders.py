@@ -146,14 +146,13 @@ def _plan_from_mask_rows(
 ) -> PackPlan:
     """A padded batch: each row's tokens, from its first token (one run) or by rank in row-major order (gaps)."""
     seqlens_host, first_column, last_column = mask_rows.scan()  # the plan's one device->host read
-    longest = _longest(seqlens_host)
     source_shape = mask_rows.shape
     device = mask_rows.device
     if ((last_column - first_column + 1 != seqlens_host) & (seqlens_host > 0)).any():  # rows with gaps
         token_rows = mask_rows.token_positions(int(seqlens_host.sum()))
-        return _assemble(ctx, layout, alignment, seqlens_host, longest, None, source_shape, device, token_rows)
+        return _assemble(ctx, layout, alignment, seqlens_host, None, source_shape, device, token_rows)
     sequence_start = counting(seqlens_host.size) * source_shape[1] + first_column  # one run per row
-    return _assemble(ctx, layout, alignment, seqlens_host, longest, sequence_start, source_shape, device)
+    return _assemble(ctx, layout, alignment, seqlens_host, sequence_start, source_shape, device)
 
 
 def _plan_from_host_lengths(
@@ -167,7 +166,7 @@ def _plan_from_host_lengths(
     negative = int(np.count_nonzero(seqlens_host < 0))
     if negative:
         raise ValueError(f"seqlens must be >= 0; found {negative} offending entries")
-    return _assemble(ctx, layout, alignment, seqlens_host, _longest(seqlens_host), None, None, device)
+    return _assemble(ctx, layout, alignment, seqlens_host, None, None, device)
 
 
 def plan_from_documents(
@@ -182,10 +181,8 @@ def plan_from_documents(
     """Documents of a ``[B, S]`` token batch (``packing.documents.segment_documents``), as sequences."""
     lengths_host, starts_host, count = host.read_to_host(lengths, starts, num_documents)  # the one sync
     n = int(count[0])
-    seqlens_host = lengths_host[:n].copy()
-    longest = _longest(seqlens_host)
     return _assemble(
-        ctx, layout, alignment, seqlens_host, longest, starts_host[:n].copy(), source_shape, lengths.device
+        ctx, layout, alignment, lengths_host[:n].copy(), starts_host[:n].copy(), source_shape, lengths.device
     )
 
 
@@ -193,8 +190,7 @@ def _assemble(
     ctx: ParallelContext,
     layout: Layout,
     alignment: Alignment,
-    seqlens_host: np.ndarray,  # [n] tokens of each sequence (checked < 2**31 each)
-    longest: int,  # seqlens_host.max()
+    seqlens_host: np.ndarray,  # [n] tokens of each sequence
     sequence_start_host: np.ndarray | None,  # [n] source position of each sequence's first token; None: packed
     source_shape: tuple[int, int] | None,  # (B, S) of a padded source; None for a jagged one
     device: torch.device,
@@ -202,6 +198,7 @@ def _assemble(
 ) -> PackPlan:
     """The plan every builder ends in: padding, offsets and totals on the host, the offset tables sent to the
     device in one copy."""
+    longest = _longest(seqlens_host)
     if not longest:
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
     seqlens_padded = alignment.pad(seqlens_host)

@@ -85,11 +85,6 @@ class PackPlan:
         """Rows of the flattened source: ``B * S`` for a padded source, ``N`` for a jagged one."""
         return self.num_valid_tokens if self.source_shape is None else self.source_shape[0] * self.source_shape[1]
 
-    @property
-    def has_padding(self) -> bool:
-        """Whether the stream holds padding positions (``T > N``)."""
-        return self.total_length > self.num_valid_tokens
-
     @cached_property
     def device(self) -> torch.device:
         return self.cu_seqlens_padded.device
@@ -144,11 +139,6 @@ class PackPlan:
     def jagged_offsets(self) -> torch.Tensor:
         """[n+1] int64 offsets of the sequences' real tokens: what jagged outputs are built on (once per plan)."""
         return self.cu_seqlens.long()
-
-    @property
-    def local_source(self) -> torch.Tensor:
-        """[T_local] int64 source row each local position reads (an arbitrary in-range row at padding)."""
-        return self._pack_copy(0, False).index.long()
 
     @property
     def local_valid_mask(self) -> torch.Tensor:
