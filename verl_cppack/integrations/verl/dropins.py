@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from verl_cppack.context import ParallelContext
@@ -89,7 +88,7 @@ def longest_sequence(nested: torch.Tensor) -> int:
     if planned is not None:
         return planned.max_seqlen
     (offsets_host,) = host.read_to_host(offsets)  # [B+1]
-    return int(np.diff(offsets_host).max(initial=0))
+    return int((offsets_host[1:] - offsets_host[:-1]).max(initial=0))
 
 
 def _packed_seq_params(plan: PackPlan, snapshot: SourceSnapshot, include_total_tokens: bool = False) -> Any:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from verl_cppack.core.checks import require_int, require_jagged
-from verl_cppack.core.jagged import jagged_to_padded
+from verl_cppack.core.jagged import jagged_to_padded, jagged_values
 from verl_cppack.integrations.verl import dropins
 
 
@@ -73,7 +73,7 @@ def padded_rows(nested: torch.Tensor, row_length: int, pad_token_id: int | float
 
 def _build(input_ids: torch.Tensor, pad_token_id: object, forced: int | None, aligned: bool):
     nested = require_jagged("input_ids", input_ids)
-    pad = _check_pad_token_id(pad_token_id, nested.dtype)
+    pad = _check_pad_token_id(pad_token_id, jagged_values(nested).dtype)  # (the nested dtype: 5 us of dispatch)
     longest = dropins.longest_sequence(nested)  # a plan's, or the one host read
     if forced is not None and forced < longest:
         raise ValueError(
@@ -103,10 +103,9 @@ def build_vlm_attn_mask_bshd(
     ``B`` (verl ignores it); ``forced_max_seqlen`` below the longest sequence is a ``ValueError`` (verl cuts)."""
     nested = require_jagged("input_ids", input_ids)
     require_int("batch_size", batch_size, minimum=1)
-    if batch_size != nested.size(0):
-        raise ValueError(
-            f"batch_size ({batch_size}) must equal the number of sequences in input_ids ({nested.size(0)})"
-        )
+    num_sequences = nested.offsets().shape[0] - 1
+    if batch_size != num_sequences:
+        raise ValueError(f"batch_size ({batch_size}) must equal the number of sequences in input_ids ({num_sequences})")
     if forced_max_seqlen is not None:
         require_int("forced_max_seqlen", forced_max_seqlen, minimum=0)
     return _build(nested, pad_token_id, forced_max_seqlen, aligned=True)
