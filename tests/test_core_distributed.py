@@ -141,6 +141,8 @@ def _gather_with_zero_rows(rank, world_size, gradient, zero_row):
 
     ctx = ParallelContext(cp_size=world_size, cp_rank=rank, cp_group=dist.group.WORLD)
     local = (torch.arange(4 * 2, dtype=torch.float64).view(4, 2) + 100 * rank).requires_grad_(True)
+    dirty = torch.full((2 * 4 + 1, 2), float("nan"), dtype=torch.float64)  # memory the gather's buffer may reuse
+    del dirty  # (so a zero row left unwritten reads NaN, not whatever fresh memory holds)
     gathered = gather_stream(local, ctx, gradient, zero_row)  # [2 * 4 (+ 1), 2]
     weights = torch.arange(gathered.numel(), dtype=torch.float64).view(gathered.shape) + 1
     (gathered * weights).sum().backward()
