@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -10,6 +12,8 @@ from verl_cppack.core.jagged import has_holes, is_jagged
 
 if TYPE_CHECKING:
     from verl_cppack.context import ParallelContext
+
+F = TypeVar("F", bound=Callable)
 
 _INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 OFFSET_DTYPES = (torch.int32, torch.int64)  # what cumulative offsets (cu_seqlens) may be: they hold stream totals
@@ -154,3 +158,19 @@ def check_cu_seqlens_padded(cu_seqlens_padded: object, slot_divisor: int) -> tup
             f"(2 * cp_size for the zigzag layout); pad each sequence to a multiple of {slot_divisor}"
         )
     return cu, total
+
+
+def kept_per_arguments(function: F) -> F:
+    """``function`` (a policy every call asks for: checks its arguments, returns a frozen answer) with its answers
+    kept per arguments (``lru_cache``, 64, typed); arguments that cannot be a key (a list) are answered, or refused
+    with the function's own error, unkept."""
+    kept = functools.lru_cache(maxsize=64, typed=True)(function)
+
+    @functools.wraps(function)
+    def answer(*args, **kwargs):
+        try:
+            return kept(*args, **kwargs)
+        except TypeError:  # unhashable arguments (or the function's own TypeError, raised again here)
+            return function(*args, **kwargs)
+
+    return answer  # type: ignore[return-value]

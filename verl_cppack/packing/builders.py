@@ -11,7 +11,6 @@ back in one copy. No Python loop over sequences. A mask is scanned where it live
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,6 +21,7 @@ from verl_cppack.core import host
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import (
     MAX_STREAM_POSITIONS,
+    kept_per_arguments,
     require_context,
     require_jagged,
     require_mask,
@@ -106,20 +106,12 @@ def plan_from_nested(
     return _plan_from_host_lengths(ctx, layout_, alignment_, np.diff(offsets_host), offsets.device)
 
 
+@kept_per_arguments  # every plan asks
 def resolve_policy(
     ctx: ParallelContext | None, layout: LayoutName | Layout, alignment: Alignment | int | None, fp8: bool
 ) -> tuple[ParallelContext, Layout, Alignment]:
     """Default the context, look up the layout, and turn ``alignment``/``fp8`` into an ``Alignment`` the layout
-    can cut for ``ctx`` (``ValueError`` otherwise), before any work. Answers are kept: every plan asks."""
-    try:
-        return _resolved_policy(ctx, layout, alignment, fp8)
-    except TypeError:  # an argument that cannot be a key: resolved (or refused, with its own error) unkept
-        return _resolve_policy(ctx, layout, alignment, fp8)
-
-
-def _resolve_policy(
-    ctx: ParallelContext | None, layout: LayoutName | Layout, alignment: Alignment | int | None, fp8: bool
-) -> tuple[ParallelContext, Layout, Alignment]:
+    can cut for ``ctx`` (``ValueError`` otherwise), before any work."""
     ctx = require_context(ctx)
     ctx.check_group()
     layout_ = get_layout(layout)
@@ -133,9 +125,6 @@ def _resolve_policy(
         alignment_ = Alignment.per_slot(require_stream_int("alignment", alignment, minimum=1))
     layout_.check_alignment(alignment_, ctx)
     return ctx, layout_, alignment_
-
-
-_resolved_policy = functools.lru_cache(maxsize=64, typed=True)(_resolve_policy)
 
 
 def _plan_from_mask_rows(

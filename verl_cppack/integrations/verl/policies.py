@@ -16,13 +16,12 @@ these policies and verl's own results part: docs/design.md, "Intended difference
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
 from verl_cppack.context import ParallelContext, group_size_and_rank
 from verl_cppack.core.alignment import FP8_STREAM_FACTOR, Alignment
-from verl_cppack.core.checks import require_int
+from verl_cppack.core.checks import kept_per_arguments, require_int
 from verl_cppack.integrations.megatron import parallel_context_from_megatron, parallel_state_module
 
 LAYOUTS = ("zigzag", "contiguous")
@@ -136,6 +135,7 @@ def check_layout(cp_layout: object) -> str:
     return cp_layout  # type: ignore[return-value]
 
 
+@kept_per_arguments  # every engine call asks
 def engine_thd_alignment(
     ctx: ParallelContext,
     cp_layout: str,
@@ -144,23 +144,7 @@ def engine_thd_alignment(
     pad_to_length_bucket: int | None,
     fp8_recipe: object = None,
 ) -> Alignment:
-    """``preprocess_thd_engine``'s padding (verl 0.9.1; ``fp8_recipe`` as verl adds it) as one ``Alignment``. Answers
-    are kept (every engine call asks); an argument that cannot be a key is answered, or refused, unkept."""
-    arguments = (ctx, cp_layout, use_fp8_padding, min_local_rows, pad_to_length_bucket, fp8_recipe)
-    try:
-        return _kept_engine_thd_alignment(*arguments)
-    except TypeError:
-        return _engine_thd_alignment(*arguments)
-
-
-def _engine_thd_alignment(
-    ctx: ParallelContext,
-    cp_layout: str,
-    use_fp8_padding: bool,
-    min_local_rows: int | None,
-    pad_to_length_bucket: int | None,
-    fp8_recipe: object,
-) -> Alignment:
+    """``preprocess_thd_engine``'s padding (verl 0.9.1; ``fp8_recipe`` as verl adds it) as one ``Alignment``."""
     base = ctx.default_slot_multiple if cp_layout == "zigzag" else ctx.tp_size * ctx.cp_size
     slot_multiple, stream_multiple = base, base
     fp8 = fp8_alignment(base, fp8_recipe)  # the recipe is checked with or without FP8 padding
@@ -179,9 +163,6 @@ def _engine_thd_alignment(
         stream_multiple = math.lcm(stream_multiple, pad_to_length_bucket, ctx.cp_size)
     stream_multiple = math.lcm(stream_multiple, slot_multiple, ctx.tp_size * ctx.cp_size)
     return Alignment(slot_multiple=slot_multiple, stream_multiple=stream_multiple, min_stream_length=min_stream_length)
-
-
-_kept_engine_thd_alignment = functools.lru_cache(maxsize=64, typed=True)(_engine_thd_alignment)
 
 
 def engine_bshd_row_length(ctx: ParallelContext, batch_size: int, max_seqlen: int, use_fp8_padding: bool) -> int:
