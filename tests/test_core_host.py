@@ -22,13 +22,11 @@ def test_tables_reach_the_device_with_the_requested_dtype():
     assert tensor.dtype == torch.int32 and tensor.tolist() == [[0, 5], [2, -3]]
 
 
-@pytest.mark.parametrize("dtype", [torch.long, torch.int32])
-def test_several_tables_reach_the_device_as_one_tensor_each(dtype):
-    tables = [np.array([4, -2, 9]), np.zeros(0, np.int64), np.array([7], np.int32), np.arange(10, 70, 3)[::2]]
-    tensors = host.tables_to_device(tables, torch.device("cpu"), dtype)
-    assert [t.dtype for t in tensors] == [dtype] * len(tables)
-    assert [t.tolist() for t in tensors] == [table.tolist() for table in tables]
-    assert all(t.is_contiguous() for t in tensors)
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32, None])
+def test_a_strided_table_reaches_the_device_contiguous(dtype):
+    table = np.arange(10, 70, 3)[::2]
+    tensor = host.to_device(table, torch.device("cpu"), dtype)
+    assert tensor.dtype == (dtype or torch.long) and tensor.tolist() == table.tolist() and tensor.is_contiguous()
 
 
 @pytest.mark.parametrize("pinned_memory", [True, False])

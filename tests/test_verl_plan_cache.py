@@ -42,6 +42,13 @@ def _write_through_numpy(mask, values):
     mask.numpy()[:] = torch.tensor(values, dtype=mask.dtype).numpy()
 
 
+def _strided(values, dtype) -> torch.Tensor:
+    """``values`` as every other column of a wider tensor: a mask whose memory is not contiguous."""
+    wide = torch.zeros(len(values), 2 * len(values[0]), dtype=dtype)
+    wide[:, ::2] = torch.tensor(values, dtype=dtype)
+    return wide[:, ::2]
+
+
 def _write_through_data(mask, values):
     mask.data.copy_(torch.tensor(values, dtype=mask.dtype))  # .data has its own version counter
 
@@ -54,11 +61,13 @@ def _write_through_shared_memory(mask, values):
 WRITES = [_write_through_numpy, _write_through_data, _write_through_shared_memory]
 
 
+@pytest.mark.parametrize("contiguous", [True, False])
 @pytest.mark.parametrize("write", WRITES)
 @pytest.mark.parametrize("dtype", [torch.bool, torch.long])
-def test_preprocess_packs_the_masks_current_contents(write, dtype):
+def test_preprocess_packs_the_masks_current_contents(write, dtype, contiguous):
     expected, expected_params = _fresh(OTHER, dtype)
-    mask = torch.tensor(FIRST, dtype=dtype)
+    mask = torch.tensor(FIRST, dtype=dtype) if contiguous else _strided(FIRST, dtype)
+    assert mask.is_contiguous() == contiguous
     dropins.preprocess_packed_seqs(_ids(), mask)
     version = mask._version
     write(mask, OTHER)
@@ -66,6 +75,19 @@ def test_preprocess_packs_the_masks_current_contents(write, dtype):
     packed, params = dropins.preprocess_packed_seqs(_ids(), mask)
     assert torch.equal(packed, expected)
     assert torch.equal(params.cu_seqlens_q_padded, expected_params.cu_seqlens_q_padded)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.long])
+def test_a_strided_mask_is_compared_where_its_elements_are(dtype):
+    """A strided mask's elements are spread over more memory than its size: an edit of its last row only (past the
+    first ``nbytes`` bytes from its start) is seen too."""
+    edited = [FIRST[0], OTHER[1]]
+    expected, _ = _fresh(edited, dtype)
+    mask = _strided(FIRST, dtype)
+    dropins.preprocess_packed_seqs(_ids(), mask)
+    _write_through_numpy(mask, edited)
+    packed, _ = dropins.preprocess_packed_seqs(_ids(), mask)
+    assert torch.equal(packed, expected)
 
 
 @pytest.mark.parametrize("write", WRITES)

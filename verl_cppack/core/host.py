@@ -1,13 +1,11 @@
-"""The boundary between the device and the host: one read per plan, and the tables sent back in one copy.
+"""The boundary between the device and the host: one read per plan, and the tables sent back.
 
 A plan reads, once, everything the host must know (per-sequence lengths and where they start, the value
-checks); all per-sequence arithmetic then runs on the host with numpy, and the tables the device needs travel
-as one buffer, pinned and non-blocking, so the copy never waits on the device.
+checks); all per-sequence arithmetic then runs on the host with numpy, and each table the device needs travels
+pinned and non-blocking, so the copy never waits on the device.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -44,9 +42,7 @@ def read_as_one_buffer(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
 def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A host table as a tensor on ``device`` (``dtype``: converted on the host first; pinned, non-blocking copy
     off the CPU; on the CPU the tensor shares the array's memory where no conversion is needed)."""
-    if dtype is not None:
-        array = np.ascontiguousarray(array, _NUMPY_DTYPES[dtype])
-    tensor = torch.from_numpy(array)
+    tensor = torch.from_numpy(np.ascontiguousarray(array, None if dtype is None else _NUMPY_DTYPES[dtype]))
     if device.type == "cpu":
         return tensor
     try:
@@ -54,14 +50,3 @@ def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype | None
     except RuntimeError:  # this accelerator offers no pinned host memory: a plain copy (it waits for the device)
         return tensor.to(device)
     return pinned.to(device, non_blocking=True)
-
-
-def tables_to_device(
-    arrays: Sequence[np.ndarray], device: torch.device, dtype: torch.dtype = torch.long
-) -> tuple[torch.Tensor, ...]:
-    """1-D host tables as ``dtype`` tensors on ``device``: one buffer, one copy, one view each (a single table is
-    sent as it is)."""
-    if len(arrays) == 1:
-        return (to_device(arrays[0], device, dtype),)
-    buffer = np.concatenate(arrays, dtype=_NUMPY_DTYPES[dtype])
-    return to_device(buffer, device).split_with_sizes([array.size for array in arrays])

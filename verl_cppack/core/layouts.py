@@ -50,8 +50,7 @@ class Runs:
     def stream_positions(self, cu_seqlens_padded: np.ndarray, device: torch.device) -> torch.Tensor:
         """[total] int64 global stream position of each position of the runs."""
         first = self.per_run(cu_seqlens_padded[:-1]) + self.offset
-        (positions,) = host.tables_to_device([count_up(first, self.length)], device)
-        return positions
+        return host.to_device(count_up(first, self.length), device)
 
 
 class Layout(ABC):

@@ -39,10 +39,13 @@ def run_starts(lengths: np.ndarray) -> np.ndarray:
     return lengths.cumsum() - lengths
 
 
-def count_up(first: np.ndarray, lengths: np.ndarray, dtype: type = np.int64) -> np.ndarray:
+def count_up(
+    first: np.ndarray, lengths: np.ndarray, dtype: type = np.int64, *, starts: np.ndarray | None = None
+) -> np.ndarray:
     """Run ``k`` counts up by one from ``first[k]`` over ``lengths[k]`` positions -> [lengths.sum()] of ``dtype`` (the
-    values must fit it). Zero-length runs are allowed."""
-    base = (first - run_starts(lengths)).astype(dtype, copy=False)  # [k] value at position 0 of the count
+    values must fit it). Zero-length runs are allowed. ``starts``: ``run_starts(lengths)``, where the caller has it."""
+    starts = run_starts(lengths) if starts is None else starts
+    base = (first - starts).astype(dtype, copy=False)  # [k] value at position 0 of the count
     values = base.repeat(lengths)
     values += counting(values.size, base.dtype)
     return values

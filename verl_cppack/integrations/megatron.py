@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from verl_cppack.context import ParallelContext
-from verl_cppack.core.host import tables_to_device
+from verl_cppack.core.host import to_device
 
 if TYPE_CHECKING:
     from verl_cppack.packing.plan import PackPlan
@@ -136,7 +136,7 @@ def packed_seq_params_later_fields(
             )
         later["total_tokens"] = plan.total_length
         slots = np.repeat(np.arange(plan.batch_size), tables.seqlens_padded)  # [T] the sequence of each position
-        later["seq_idx"] = tables_to_device([slots], plan.device, torch.int32)[0][None]
+        later["seq_idx"] = to_device(slots, plan.device, torch.int32)[None]
     return later
 
 

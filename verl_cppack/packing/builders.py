@@ -185,8 +185,8 @@ def _assemble(
     device: torch.device,
     token_rows: torch.Tensor | None = None,  # [T_valid] source position of every token (mask rows with gaps)
 ) -> PackPlan:
-    """The plan every builder ends in: padding, offsets and totals on the host, the offset tables sent to the
-    device in one copy."""
+    """The plan every builder ends in: padding, offsets and totals on the host, the padded offsets sent to the
+    device (what every ``PackedSeqParams`` carries; the real offsets go when first asked for)."""
     longest = _longest(seqlens_host)
     if not longest:
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
@@ -197,17 +197,13 @@ def _assemble(
         raise ValueError(f"the packed stream holds {total_length} positions; THD offsets are int32: split the batch")
     if sequence_start_host is None:
         sequence_start_host = cu_seqlens[:-1]
-    cu_seqlens_device, cu_seqlens_padded_device = host.tables_to_device(
-        [cu_seqlens, cu_seqlens_padded], device, torch.int32
-    )
     return PackPlan(
         ctx=ctx,
         layout=layout,
         alignment=alignment,
         batch_size=int(seqlens_host.size),
         source_shape=source_shape,
-        cu_seqlens=cu_seqlens_device,
-        cu_seqlens_padded=cu_seqlens_padded_device,
+        cu_seqlens_padded=host.to_device(cu_seqlens_padded, device, torch.int32),
         max_seqlen=longest,
         max_seqlen_padded=int(seqlens_padded.max()),
         num_valid_tokens=num_valid_tokens,

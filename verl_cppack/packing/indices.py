@@ -40,15 +40,15 @@ def pack_index(
     token ``shift`` places after the one it holds in the same sequence (``wrap``: counted round the sequence); the
     positions whose target is no token (padding, past the sequence end) read an in-range row and are listed in
     ``zero_positions``."""
-    seqlen, offset, length = runs.per_run(seqlens), runs.offset, runs.length
-    shift_ = shift % np.maximum(seqlen, 1) if wrap else shift  # per run, or an int
-    ahead = np.minimum(np.maximum(seqlen - shift_ - offset, 0), length)  # positions with a target in order
-    used = np.minimum(np.maximum(seqlen - offset, 0), length) if wrap else ahead  # ... or wrapped round
-    first = runs.per_run(first_value) + (offset + shift_)
+    seqlen, length = runs.per_run(seqlens), runs.length
+    reach = runs.offset + (shift % np.maximum(seqlen, 1) if wrap else shift)  # [k] the token each run's start reads
+    ahead = np.minimum(np.maximum(seqlen - reach, 0), length)  # positions with a target in order
+    used = np.minimum(np.maximum(seqlen - runs.offset, 0), length) if wrap else ahead  # ... or wrapped round
+    first = runs.per_run(first_value) + reach
     ends = first + length  # [k] past the last value each run reads (padding counts past the last token)
     top = int(ends.max(initial=0))
-    index = count_up(first, length, dtype=index_dtype(max(top, rows)))
     starts = run_starts(length)
+    index = count_up(first, length, dtype=index_dtype(max(top, rows)), starts=starts)
     if wrap:
         wrapped = used - ahead
         if wrapped.any():  # those positions read seqlen rows back

@@ -33,7 +33,7 @@ from verl_cppack.collectives.gather import GradientContract, gather_stream
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import require_jagged, require_stream_int, require_tensor
-from verl_cppack.core.host import tables_to_device
+from verl_cppack.core.host import to_device
 from verl_cppack.core.jagged import is_jagged, jagged_from_values, jagged_values
 from verl_cppack.core.layouts import Layout, Runs
 from verl_cppack.core.runs import count_up
@@ -67,7 +67,6 @@ class PackPlan:
     alignment: Alignment
     batch_size: int  # number of sequences (slots)
     source_shape: tuple[int, int] | None  # (B, S) of a padded source; None for a jagged source
-    cu_seqlens: torch.Tensor  # [n+1] int32, global
     cu_seqlens_padded: torch.Tensor  # [n+1] int32, global
     max_seqlen: int  # longest real sequence
     max_seqlen_padded: int  # longest slot
@@ -90,14 +89,19 @@ class PackPlan:
         return self.cu_seqlens_padded.device
 
     @cached_property
+    def cu_seqlens(self) -> torch.Tensor:
+        """[n+1] int32 global offsets of the real tokens."""
+        return to_device(self.tables.cu_seqlens, self.device, torch.int32)
+
+    @cached_property
     def seqlens(self) -> torch.Tensor:
         """[n] int32 real tokens per sequence."""
-        return tables_to_device([self.tables.seqlens], self.device, torch.int32)[0]
+        return to_device(self.tables.seqlens, self.device, torch.int32)
 
     @cached_property
     def seqlens_padded(self) -> torch.Tensor:
         """[n] int32 slot lengths."""
-        return tables_to_device([self.tables.seqlens_padded], self.device, torch.int32)[0]
+        return to_device(self.tables.seqlens_padded, self.device, torch.int32)
 
     # ------------------------------------------------------- per-position indices
     @cached_property
@@ -114,7 +118,7 @@ class PackPlan:
     def local_slot(self) -> torch.Tensor:
         """[T_local] int64 sequence owning each local position."""
         runs = self.local_runs
-        return tables_to_device([np.repeat(runs.slot, runs.length)], self.device)[0]
+        return to_device(np.repeat(runs.slot, runs.length), self.device)
 
     @cached_property
     def _local_offsets(self) -> np.ndarray:
@@ -125,7 +129,7 @@ class PackPlan:
     @cached_property
     def local_position_ids(self) -> torch.Tensor:
         """[T_local] int64 offset inside the slot: restarts at 0 for every sequence (padding continues the count)."""
-        return tables_to_device([self._local_offsets.copy()], self.device)[0]
+        return to_device(self._local_offsets.copy(), self.device)
 
     @cached_property
     def local_token_positions(self) -> torch.Tensor:
@@ -133,12 +137,12 @@ class PackPlan:
         callers that hand it out clone it)."""
         positions = self._local_offsets.copy()
         positions[self._pack_index(0, False)[1]] = 0
-        return tables_to_device([positions], self.device)[0].view(1, -1)
+        return to_device(positions, self.device).view(1, -1)
 
     @cached_property
     def jagged_offsets(self) -> torch.Tensor:
         """[n+1] int64 offsets of the sequences' real tokens: what jagged outputs are built on (once per plan)."""
-        return self.cu_seqlens.long()
+        return to_device(self.tables.cu_seqlens.copy(), self.device)
 
     @property
     def local_valid_mask(self) -> torch.Tensor:
@@ -154,7 +158,7 @@ class PackPlan:
         )
         values = values.astype(np.int64)
         values[padding] = rows + np.arange(padding.size)  # past the token space, one row each
-        (values,) = tables_to_device([values], self.device)
+        values = to_device(values, self.device)
         if self.token_rows is not None:  # token index -> source row; the sinks go past the source rows
             sinks = torch.arange(self.source_rows, self.source_rows + padding.size, device=self.device)
             values = torch.cat([self.token_rows, sinks]).index_select(0, values)
@@ -228,7 +232,7 @@ class PackPlan:
         if key not in self._copies:
             flags = np.ones(self.local_length, np.bool_)
             flags[self._pack_index(shift, wrap)[1]] = False
-            self._copies[key] = tables_to_device([flags], self.device, torch.bool)[0].view(1, -1)
+            self._copies[key] = to_device(flags, self.device).view(1, -1)
         return self._copies[key]
 
     def _source_rows(self, x: torch.Tensor, name: str) -> torch.Tensor:

@@ -43,12 +43,25 @@ def _libc_memcmp() -> Callable[[int, int, int], int] | None:
 _MEMCMP = _libc_memcmp()
 
 
-def _same_contents_on_host(tensor: torch.Tensor, kept: np.ndarray, kept_address: int) -> bool:
-    """Exact comparison of a CPU tensor with a contiguous copy of its memory: ``memcmp`` of the bytes (~45 us per MB
-    here; ``torch.equal`` takes ~20 times longer on a bool mask), no ATen op."""
-    if _MEMCMP is None or not tensor.is_contiguous():
-        return bool(np.array_equal(host_memory(tensor), kept))  # sources are masks and offsets: integers, no NaN
-    return kept.nbytes == 0 or _MEMCMP(tensor.data_ptr(), kept_address, kept.nbytes) == 0
+def _host_copy(source: torch.Tensor) -> bytes | np.ndarray:
+    """What a CPU source is compared with later: its bytes (one C call, no ATen op) where ``memcmp`` can compare a
+    contiguous tensor with them, else a contiguous numpy copy of its memory."""
+    if _MEMCMP is not None and source.is_contiguous():
+        return ctypes.string_at(source.data_ptr(), source.nbytes)
+    return np.array(host_memory(source), order="C")
+
+
+def _same_contents_on_host(tensor: torch.Tensor, kept: bytes | np.ndarray) -> bool:
+    """Exact comparison of a CPU tensor with ``_host_copy``'s copy: ``memcmp`` of the bytes (~45 us per MB here;
+    ``torch.equal`` takes ~20 times longer on a bool mask), no ATen op."""
+    if isinstance(kept, bytes):  # the source was contiguous: a tensor that is not now is not it, unchanged
+        size = len(kept)
+        return (
+            tensor.is_contiguous()
+            and tensor.nbytes == size
+            and (not size or _MEMCMP(tensor.data_ptr(), kept, size) == 0)
+        )
+    return bool(np.array_equal(host_memory(tensor), kept))  # sources are masks and offsets: integers, no NaN
 
 
 class SourceSnapshot:
@@ -56,16 +69,13 @@ class SourceSnapshot:
 
     compare_on_host = True  # tests turn it off to run the accelerator's branch (no copy, no compare) on CPU tensors
 
-    __slots__ = ("reference", "version", "kept", "kept_address")
+    __slots__ = ("reference", "version", "kept")
 
     def __init__(self, source: torch.Tensor, reference: weakref.ref | None = None) -> None:
         self.reference = weakref.ref(source) if reference is None else reference
         self.version = source._version
-        # a copy of a CPU source's memory (compared with memcmp on every hit; numpy's, no ATen op); none on an
-        # accelerator
-        on_host = source.device.type == "cpu" and self.compare_on_host
-        self.kept = np.array(host_memory(source), order="C") if on_host else None
-        self.kept_address = self.kept.ctypes.data if on_host else 0  # asked once: numpy takes ~3 us to tell it
+        # a copy of a CPU source's contents (compared on every hit); none on an accelerator
+        self.kept = _host_copy(source) if source.device.type == "cpu" and self.compare_on_host else None
 
     def matches(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is the source, unchanged: the same object at the same version (torch's in-place
@@ -75,7 +85,7 @@ class SourceSnapshot:
         if self.reference() is not tensor or tensor._version != self.version:
             return False
         if self.kept is not None:
-            return _same_contents_on_host(tensor, self.kept, self.kept_address)
+            return _same_contents_on_host(tensor, self.kept)
         return True
 
 
@@ -148,9 +158,10 @@ class TensorKeyedCache:
         """The snapshot ``source``'s entries share, if it still matches; else a new one (a copy of the contents)."""
         source_key = (id(source), source._version)
         snapshot = self._snapshots.get(source_key)
-        if snapshot is not None and snapshot.matches(source):
-            return snapshot
-        self._forget(source_key)
+        if snapshot is not None:
+            if snapshot.matches(source):
+                return snapshot
+            self._forget(source_key)  # (a source without a snapshot has no entry)
         dead = self._dead
 
         def forget(_reference: weakref.ref, source_key: tuple = source_key) -> None:  # the source died: noted only
