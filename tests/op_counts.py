@@ -12,7 +12,8 @@ FILL, HOST_TABLE = "aten.index_fill_", "aten.lift_fresh"
 
 def ops_without_fills(ops: dict[str, int], copies: int) -> dict[str, int]:
     """``ops`` without the zeroing of a copy and the host tables, after checking the fills ran at most once per
-    copy (``copies`` of them) and the tables are at most the copies plus four (a plan's offsets and indices)."""
+    copy (``copies`` of them) and the tables are at most the copies' indices plus five: the padded offsets, the
+    real ones (a jagged output's), a copy's positions to zero, the valid-token flags and the position ids."""
     assert ops.get(FILL, 0) <= copies, (ops.get(FILL), copies)
-    assert ops.get(HOST_TABLE, 0) <= copies + 4, (ops.get(HOST_TABLE), copies)
+    assert ops.get(HOST_TABLE, 0) <= copies + 5, (ops.get(HOST_TABLE), copies)
     return {op: count for op, count in ops.items() if op not in (FILL, HOST_TABLE)}
