@@ -40,8 +40,9 @@ def read_as_one_buffer(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
 
 
 def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A host table as a tensor on ``device`` (``dtype``: converted on the host first; pinned, non-blocking copy
-    off the CPU; on the CPU the tensor shares the array's memory where no conversion is needed)."""
+    """A host table as a contiguous tensor on ``device`` (``dtype``: converted on the host first; pinned,
+    non-blocking copy off the CPU; on the CPU the tensor shares the array's memory where neither a conversion nor a
+    contiguous copy is needed)."""
     tensor = torch.from_numpy(np.ascontiguousarray(array, None if dtype is None else _NUMPY_DTYPES[dtype]))
     if device.type == "cpu":
         return tensor
