@@ -67,6 +67,32 @@ def test_unpack_gathers_the_batch_and_keeps_local_gradient(world_size, layout):
             assert torch.equal(restored, torch.where(mask.unsqueeze(-1), source, torch.zeros((), dtype=dtype)))
 
 
+def _unpack_rows_of_one_element(rank, world_size):
+    """Log-probs ``[1, T_local]`` and a value head's ``[1, T_local, 1]``: rows of one element take the 1-D scatter."""
+    ctx = ParallelContext(cp_size=world_size, cp_rank=rank, cp_group=dist.group.WORLD)
+    plan = plan_from_mask(torch.tensor(MASK), ctx)
+    x, weights = _inputs()
+    results = {}
+    for trailing in ((), (1,)):
+        source, weight = x[..., 0].reshape(*x.shape[:2], *trailing), weights[..., 0].reshape(*x.shape[:2], *trailing)
+        y_local = plan.pack(source).clone().requires_grad_(True)
+        full = plan.unpack(y_local)
+        (full * weight).sum().backward()
+        results[trailing] = (full.detach(), y_local.grad[0])
+    return results
+
+
+def test_rows_of_one_element_unpack_with_the_same_values_and_gradient():
+    x, weights = _inputs()
+    mask = torch.tensor(MASK).bool()
+    for rank, results in enumerate(run_gloo(_unpack_rows_of_one_element, 2)):
+        expected_grad = _expected_local_gradient("zigzag", 2, rank, weights)[:, 0]
+        for trailing, (full, local_grad) in results.items():
+            assert torch.equal(full.reshape(mask.shape), torch.where(mask, x[..., 0], 0.0))
+            assert full.shape == (*mask.shape, *trailing)
+            assert torch.equal(local_grad.reshape(-1), expected_grad)
+
+
 def test_padding_positions_get_zero_gradient():
     results = run_gloo(_unpack_and_backward, 2, "zigzag", "local")
     for rank, (_, local_grad, local_index, _) in enumerate(results):
@@ -136,27 +162,21 @@ def test_mismatched_group_and_rank_is_a_clear_error_when_the_plan_is_built():
             assert message is not None and "ctx.cp_group has size 2" in message
 
 
-def _gather_with_zero_rows(rank, world_size, gradient, zero_row):
+def _gather_stream(rank, world_size, gradient):
     from verl_cppack.collectives.gather import gather_stream
 
     ctx = ParallelContext(cp_size=world_size, cp_rank=rank, cp_group=dist.group.WORLD)
     local = (torch.arange(4 * 2, dtype=torch.float64).view(4, 2) + 100 * rank).requires_grad_(True)
-    dirty = torch.full((2 * 4 + 1, 2), float("nan"), dtype=torch.float64)  # memory the gather's buffer may reuse
-    del dirty  # (so a zero row left unwritten reads NaN, not whatever fresh memory holds)
-    gathered = gather_stream(local, ctx, gradient, zero_row)  # [2 * 4 (+ 1), 2]
+    gathered = gather_stream(local, ctx, gradient)  # [2 * 4, 2]
     weights = torch.arange(gathered.numel(), dtype=torch.float64).view(gathered.shape) + 1
     (gathered * weights).sum().backward()
     return gathered.detach(), local.grad, weights
 
 
-@pytest.mark.parametrize("zero_row", [True, False])
 @pytest.mark.parametrize("gradient", ["local", "sum"])
-def test_the_gathered_stream_ends_with_a_zero_row_if_asked_and_keeps_its_gradient_contract(gradient, zero_row):
-    """The stream in rank order, then (``zero_row``) the zero row ``unpack`` copies padding from; the backward ignores
-    it."""
-    results = run_gloo(_gather_with_zero_rows, 2, gradient, zero_row)
-    zeros = [torch.zeros(1, 2)] if zero_row else []
-    expected = torch.cat([torch.arange(8.0).view(4, 2) + 100 * rank for rank in range(2)] + zeros)
+def test_the_gathered_stream_is_every_rank_in_order_with_its_gradient_contract(gradient):
+    results = run_gloo(_gather_stream, 2, gradient)
+    expected = torch.cat([torch.arange(8.0).view(4, 2) + 100 * rank for rank in range(2)])
     for rank, (gathered, grad, weights) in enumerate(results):
         assert torch.equal(gathered, expected.double())
         own = weights[4 * rank : 4 * rank + 4]
@@ -176,11 +196,11 @@ def _gather_with_host_work(rank, world_size, fail_on_rank):
             raise ValueError("host work failed")
 
     try:
-        gather_stream(local, ctx, "local", False, host_work)
+        gather_stream(local, ctx, "local", host_work)
         error = None
     except ValueError as raised:
         error = str(raised)
-    after = gather_stream(local * 2, ctx, "local", True, host_work if rank != fail_on_rank else None)
+    after = gather_stream(local * 2, ctx, "local", host_work if rank != fail_on_rank else None)
     return calls, error, after
 
 
@@ -189,7 +209,7 @@ def test_host_work_runs_once_while_the_all_gather_is_in_flight_and_a_failure_kee
     """The copy back's index is built while the all-gather is in flight: the work runs once per gather on every
     rank; if it raises on one rank, that rank still completes the all-gather, so the next collective pairs up."""
     results = run_gloo(_gather_with_host_work, 2, fail_on_rank)
-    expected_after = torch.cat([(torch.arange(3.0) + 10 * rank) * 2 for rank in range(2)] + [torch.zeros(1)])
+    expected_after = torch.cat([(torch.arange(3.0) + 10 * rank) * 2 for rank in range(2)])
     for rank, (calls, error, after) in enumerate(results):
         failed = rank == fail_on_rank
         assert calls == [rank] * (1 if failed else 2)
@@ -202,5 +222,5 @@ def test_at_cp_1_nothing_is_in_flight_and_the_host_work_is_left_to_the_caller():
 
     calls = []
     local = torch.arange(3.0)
-    assert gather_stream(local, ParallelContext(), "local", False, lambda: calls.append(1)) is local
+    assert gather_stream(local, ParallelContext(), "local", lambda: calls.append(1)) is local
     assert calls == []

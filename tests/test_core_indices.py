@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_cppack.core.layouts import Runs
-from verl_cppack.packing.indices import pack_index, unpack_index
+from verl_cppack.packing.indices import pack_index, token_index, with_sinks
 
 
 def _runs(slot, offset, length) -> Runs:
@@ -52,20 +52,35 @@ def test_pack_index_reads_the_token_shift_places_ahead_in_the_same_sequence(case
 
 @settings(max_examples=200, deadline=None)
 @given(sequences_and_runs())
-def test_unpack_index_finds_every_token_where_the_runs_put_it(case):
+def test_the_copy_back_puts_every_token_on_its_row_and_each_padding_position_on_a_row_of_its_own(case):
     seqlens, first, rows, runs = case
-    index = unpack_index(runs, first, seqlens, rows, zero_row=runs.total)
-    stream_position = {}  # (sequence, token) -> position in the runs' order
-    position = 0
+    read, padding = pack_index(runs, first, seqlens, rows)
+    kept = read.copy()
+    index, sinks = with_sinks(read, padding, rows), padding.size
+    expected, sunk = [], 0  # per position, in the runs' order
+    for slot, offset, length in zip(runs.slot, runs.offset, runs.length):
+        for k in range(offset, offset + length):
+            if k < seqlens[slot]:
+                expected.append(int(first[slot]) + k)
+            else:
+                expected.append(rows + sunk)  # past the output, the next unused row
+                sunk += 1
+    assert index.dtype == np.int64 and index.tolist() == expected and sinks == sunk
+    assert np.array_equal(read, kept)  # pack's own index is left as it was
+
+
+@settings(max_examples=200, deadline=None)
+@given(sequences_and_runs())
+def test_token_index_reads_every_token_in_sequence_order_where_the_runs_put_it(case):
+    seqlens, _, _, runs = case
+    first_token = np.concatenate([[0], np.cumsum(seqlens)[:-1]])  # the tokens one after another
+    stream_position, position = {}, 0  # (sequence, token) -> position in the runs' order
     for slot, offset, length in zip(runs.slot, runs.offset, runs.length):
         for k in range(offset, offset + length):
             stream_position[(slot, k)] = position
             position += 1
-    expected = [runs.total] * rows  # rows without a token read the zero row after the stream
-    for slot, n in enumerate(seqlens):
-        for k in range(int(n)):
-            expected[int(first[slot]) + k] = stream_position[(slot, k)]
-    assert index.min(initial=0) >= 0 and np.minimum(index, runs.total).tolist() == expected  # clamped where used
+    expected = [stream_position[(slot, k)] for slot, n in enumerate(seqlens) for k in range(int(n))]
+    assert token_index(runs, first_token, seqlens).tolist() == expected
 
 
 def test_indices_past_int32_are_int64_not_wrapped():

@@ -2,9 +2,10 @@
 
 - preprocess floor: its three copies alone with the index given, one ``index_select`` each of ``input_ids``,
   labels and the label mask (``[B, S]`` -> ``[1, T_local]``);
-- postprocess floor: per output (log-probs, entropy), its all-gather alone plus one copy into ``[B, S]`` with the
-  index given (one ``index_select``; at CP > 1 the gather buffer ends with a zero row the positions off the mask
-  read; at CP=1 there is no all-gather and they read any element, so the CP=1 floor writes no zeros).
+- postprocess floor: per output (log-probs, entropy), its all-gather alone (none at CP=1) plus one copy into
+  ``[B, S]`` with the index given: the gathered stream scattered into zeros (one ``scatter_``: it touches the
+  stream's positions, not the output's rows, the fastest copy into ``[B, S]`` measured here; padding positions land
+  on one row past the output, dropped).
 
 The indices are computed before the timed calls, with verl's own ``preprocess_packed_seqs`` and
 ``postprocess_packed_seqs`` applied to position numbers, so the floors move exactly the bytes verl's layout moves
@@ -29,9 +30,7 @@ class FloorIndex:
     """Where each element goes, for one micro-batch on one CP rank (computed untimed)."""
 
     pack: torch.Tensor  # [T_local] int64: flat [B*S] source of each local slot (padding slots read position 0)
-    unpack: (
-        torch.Tensor
-    )  # [B*S] int64: row of the gathered stream (CP > 1: off the mask its zero last row; CP=1: row 0)
+    unpack: torch.Tensor  # [cp * T_local] int64: flat [B*S] row of each gathered position (padding: B*S, dropped)
     local_length: int  # T_local
     cp_size: int
 
@@ -45,8 +44,9 @@ def floor_index(verl_util: Any, mask: torch.Tensor, cp_size: int, cp_rank: int) 
     pack = (packed[0] - 1).clamp(min=0)  # [T_local]
     stream = torch.arange(1, local_length + 1, device=mask.device) + cp_rank * local_length  # [T_local]
     placed = verl_util.postprocess_packed_seqs(stream.unsqueeze(0), params, mask, batch_size, seq_len).reshape(-1)
-    off_mask = cp_size * local_length if cp_size > 1 else 0
-    unpack = torch.where(placed > 0, placed - 1, torch.full_like(placed, off_mask))  # [B*S]
+    on_mask = torch.nonzero(placed).squeeze(1)  # [N] flat [B*S] rows that receive a position
+    unpack = torch.full((cp_size * local_length,), batch_size * seq_len, device=mask.device)  # padding: dropped
+    unpack[placed[on_mask] - 1] = on_mask
     return FloorIndex(pack, unpack, local_length, cp_size)
 
 
@@ -61,19 +61,16 @@ def preprocess_floor(batch: MicroBatch, index: FloorIndex) -> torch.Tensor:
 def postprocess_floor(
     outputs: tuple[torch.Tensor, ...], index: FloorIndex, shape: tuple[int, int], group: Any
 ) -> list[torch.Tensor]:
-    """Each ``[1, T_local]`` output all-gathered and copied once into ``[B, S]`` (zeros off the mask at CP > 1)."""
-    results = []
+    """Each ``[1, T_local]`` output all-gathered and scattered once into ``[B, S]`` (zeros off the mask)."""
+    results, rows = [], shape[0] * shape[1]
     for output in outputs:
-        local = output.reshape(-1)  # [T_local]
-        if index.cp_size == 1:
-            full = local.index_select(0, index.unpack)
-        else:
-            stream_length = index.cp_size * index.local_length
-            gathered = local.new_empty(stream_length + 1)  # [cp * T_local + 1]: the last row is the zero row
-            gathered[stream_length:].zero_()
-            _all_gather_into(gathered[:stream_length], local, group)
-            full = gathered.index_select(0, index.unpack)
-        results.append(full.view(shape))
+        stream = output.reshape(-1)  # [T_local]
+        if index.cp_size > 1:
+            gathered = stream.new_empty(index.cp_size * index.local_length)
+            _all_gather_into(gathered, stream, group)
+            stream = gathered
+        full = stream.new_zeros(rows + 1).scatter_(0, index.unpack, stream)  # the last row takes the padding
+        results.append(full[:rows].view(shape))
     return results
 
 

@@ -7,7 +7,6 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.checks import require_context, require_tensor
@@ -27,26 +26,24 @@ def _check_group(ctx: ParallelContext) -> None:
 
 
 def _gathered(
-    local: torch.Tensor, parallel: ParallelContext, zero_rows: int, while_waiting: Callable[[], object] | None
+    local: torch.Tensor, parallel: ParallelContext, while_waiting: Callable[[], object] | None
 ) -> torch.Tensor:
-    """Every rank's ``local`` ``[T_local, *]`` concatenated (rank 0 first), then ``zero_rows`` zero rows: one
-    all-gather straight into views of the output (no autograd). ``while_waiting`` runs on the host while the
-    all-gather is in flight (the copy back's index is built there); the all-gather is waited for even if it
-    raises, so no buffer is freed under a collective and every rank's collectives stay in step."""
+    """Every rank's ``local`` ``[T_local, *]`` concatenated (rank 0 first): one all-gather straight into the output
+    (no autograd). ``while_waiting`` runs on the host while the all-gather is in flight (the copy back's index is
+    built there); the all-gather is waited for even if it raises, so no buffer is freed under a collective and every
+    rank's collectives stay in step."""
     wire = local.contiguous()
     if wire.dtype == torch.bool:  # gloo has no bool all-gather; same bytes as uint8
         wire = wire.view(torch.uint8)
     local_length = wire.shape[0]
-    gathered = wire.new_empty((parallel.cp_size * local_length + zero_rows, *wire.shape[1:]))
-    # one buffer per rank, each shaped like the local output, as verl's own all-gather (and its tests' stand-ins),
-    # then the zero rows
-    *outputs, zeros = gathered.split_with_sizes([local_length] * parallel.cp_size + [zero_rows])
-    if zero_rows:
-        zeros.zero_()
+    gathered = wire.new_empty((parallel.cp_size * local_length, *wire.shape[1:]))
     if dist.all_gather is _TORCH_ALL_GATHER:  # started now, waited for once ``while_waiting`` is done
-        work = dist.all_gather(outputs, wire, group=parallel.cp_group, async_op=True)
-    else:  # a stand-in put in torch.distributed (verl's tests have their own): called as verl calls it, blocking
-        dist.all_gather(outputs, wire, group=parallel.cp_group)
+        work = dist.all_gather_into_tensor(gathered, wire, group=parallel.cp_group, async_op=True)
+    else:  # a stand-in put in torch.distributed (verl's tests have their own): called as verl calls it, blocking,
+        # with one buffer per rank shaped like the local output
+        dist.all_gather(
+            list(gathered.split_with_sizes([local_length] * parallel.cp_size)), wire, group=parallel.cp_group
+        )
         work = None
     try:
         if while_waiting is not None:
@@ -66,11 +63,10 @@ class _AllGatherRankMajor(torch.autograd.Function):
         local: torch.Tensor,
         parallel: ParallelContext,
         contract: str,
-        zero_rows: int,
         while_waiting: Callable[[], object] | None,
     ) -> torch.Tensor:
         ctx.parallel, ctx.contract, ctx.local_length = parallel, contract, local.shape[0]
-        return _gathered(local, parallel, zero_rows, while_waiting)
+        return _gathered(local, parallel, while_waiting)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -78,7 +74,7 @@ class _AllGatherRankMajor(torch.autograd.Function):
         if ctx.contract == "sum":
             grad = grad.contiguous()
             dist.all_reduce(grad, group=parallel.cp_group)
-        return grad.narrow(0, parallel.cp_rank * ctx.local_length, ctx.local_length), None, None, None, None
+        return grad.narrow(0, parallel.cp_rank * ctx.local_length, ctx.local_length), None, None, None
 
 
 def all_gather_rank_major(
@@ -96,27 +92,25 @@ def all_gather_rank_major(
     _check_contract(gradient)
     if local.dim() < 1:
         raise ValueError(f"local must be [T_local, *] (at least 1-D), got shape {tuple(local.shape)}")
-    return gather_stream(local, ctx, gradient, False)
+    return gather_stream(local, ctx, gradient)
 
 
 def gather_stream(
     local: torch.Tensor,
     ctx: ParallelContext,
     gradient: GradientContract,
-    zero_row: bool,
     while_waiting: Callable[[], object] | None = None,
 ) -> torch.Tensor:
-    """A plan's ``unpack``: this rank's ``[T_local, *]`` -> the rank-major stream ``[T, *]``, with ``zero_row`` one
-    more row, zero (where a copy back reads the rows without a token), gathered in place; the gradient contract of
-    ``all_gather_rank_major``. ``while_waiting``: host work to run while the all-gather is in flight (not run at
-    CP=1, where nothing is in flight). Arguments are the plan's, already checked."""
+    """A plan's ``unpack``: this rank's ``[T_local, *]`` -> the rank-major stream ``[T, *]``, gathered in place; the
+    gradient contract of ``all_gather_rank_major``. ``while_waiting``: host work to run while the all-gather is in
+    flight (not run at CP=1, where nothing is in flight). Arguments are the plan's, already checked."""
     _check_contract(gradient)
-    if ctx.cp_size == 1:  # no communication: the local stream itself, or its copy with one zero row (one pad op)
-        return F.pad(local, (0, 0) * (local.dim() - 1) + (0, 1)) if zero_row else local
+    if ctx.cp_size == 1:  # no communication: the local stream itself
+        return local
     _check_group(ctx)
     if not (local.requires_grad and torch.is_grad_enabled()):  # no graph to record (log-probs under no_grad):
-        return _gathered(local, ctx, int(zero_row), while_waiting)  # autograd's Function costs ~60 us a call here
-    return _AllGatherRankMajor.apply(local, ctx, gradient, int(zero_row), while_waiting)
+        return _gathered(local, ctx, while_waiting)  # autograd's Function costs ~60 us a call here
+    return _AllGatherRankMajor.apply(local, ctx, gradient, while_waiting)
 
 
 def _check_contract(gradient: object) -> None:

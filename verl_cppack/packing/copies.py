@@ -1,12 +1,13 @@
-"""The one copy every plan makes: ``out[p] = rows[index[p]]`` (one ``index_select``), then zeros at the positions no
-row lands on.
+"""The two copies every plan makes: ``pack`` gathers, ``out[p] = rows[index[p]]`` (one ``index_select``, then zeros
+at the positions no row lands on); the copy back scatters, ``out[index[p]] = stream[p]`` into zeros.
 
-``pack`` reads the caller's rows (``[R, *]``, a view of the padded batch or of a jagged batch's values) with
-the plan's per-position index and zeroes its few padding positions (``zero_positions``: one ``index_fill_``,
-skipped when there are none); ``unpack`` reads the all-gathered stream, followed by one zero row where the
-output has positions without a token (a padded source's): every such position points there. Both indices are built
-on the host (``packing.indices``) and sent to the device in one copy each. Every dtype is copied as is: those the
-index kernels lack travel as same-size integers (``copyable`` / ``as_dtype``).
+``pack`` reads the caller's rows (``[R, *]``, a view of the padded batch or of a jagged batch's values) with the
+plan's per-position index and zeroes its few padding positions (``zero_positions``: one ``index_fill_``, skipped
+when there are none). The copy back writes each position of the all-gathered stream on its output row: it touches
+the stream's ``T`` positions, not the output's rows (a padded ``[B, S]`` output has many more), and the positions
+without a token land on rows past the output, one each, which are dropped. Both indices are built on the host
+(``packing.indices``) and sent to the device in one copy each. Every dtype is copied as is: those the index kernels
+lack travel as same-size integers (``copyable`` / ``as_dtype``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,31 @@ class RowCopy:
         if self.zero_positions is not None:
             copied.index_fill_(0, self.zero_positions, 0)
         return copied
+
+
+@dataclass(frozen=True)
+class RowScatter:
+    """``stream [T, *] -> [rows, *]``: position ``p`` lands on row ``index[p]`` ([T] int64, distinct); the ``sinks``
+    rows past ``rows`` take the positions without a token and are dropped; rows nothing lands on are zero
+    (``zeroed``; ``False`` where every row receives a position). Rows of one element go through the 1-D
+    ``scatter_``, the fast kernel here (about 2.5x ``index_copy_``'s speed on 1 M float32 positions, this machine, one
+    thread); wider rows through ``index_copy_`` (faster than ``scatter_`` with an expanded index from 2 columns on)."""
+
+    index: torch.Tensor
+    rows: int
+    sinks: int
+    zeroed: bool
+
+    def __call__(self, stream: torch.Tensor) -> torch.Tensor:
+        shape = (self.rows + self.sinks, *stream.shape[1:])
+        out = stream.new_zeros(shape) if self.zeroed else stream.new_empty(shape)
+        if stream.dim() == 1:
+            out.scatter_(0, self.index, stream)
+        elif stream.numel() == stream.shape[0]:  # one element per row ([T, 1]: a value head's output)
+            out.view(-1).scatter_(0, self.index, stream.reshape(-1))
+        else:
+            out.index_copy_(0, self.index, stream)
+        return out[: self.rows] if self.sinks else out
 
 
 # dtypes the index kernels (gather, index_fill_) lack are copied as the same-size integer: the bytes move as is. The

@@ -1,15 +1,19 @@
 """The per-position indices of a plan, computed on the host from per-run tables (no loop over sequences).
 
-Every copy a plan makes reads ``out[p] = rows[index[p]]``; the index counts up by one along each *run* of the
-layout (a slot, or a CP chunk of one), so it is one expansion (``core.runs.count_up``) of a ``k``-entry table:
+A pack reads ``out[p] = rows[index[p]]``, a copy back writes ``out[index[p]] = stream[p]``; either index counts up
+by one along each *run* of the layout (a slot, or a CP chunk of one), so it is one expansion (``core.runs.count_up``)
+of a ``k``-entry table:
 
 - ``pack_index``: this rank's local stream read from the source rows, ``shift`` places ahead inside each sequence
   (``wrap``: round inside it); the positions whose target is no token are listed to be zeroed after the copy;
-- ``unpack_index``: the source rows read from the rank-major stream (every rank's local stream, rank 0 first)
-  followed by one zero row, where every row without a token reads (after a clamp; an output whose rows are all
-  tokens reads no zero row).
+- ``with_sinks``: the copy back's scatter index (int64, as ``scatter_`` takes it): ``pack_index`` at ``shift=0`` of
+  the rank-major stream (every rank's local stream, rank 0 first), each position without a token on a row past the
+  output of its own;
+- ``token_index``: the rank-major position of each token in sequence order, the index a jagged copy back reads (a
+  jagged output holds only tokens: reading them is one op and a smaller index than writing every position).
 
-Indices are int32 (half the memory traffic of int64, and ``index_select`` takes them) unless a table is too long.
+``pack_index`` is int32 (half the memory traffic of int64, and ``index_select`` takes it) unless a table is too
+long.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from verl_cppack.core.layouts import Runs
-from verl_cppack.core.runs import count_up, run_starts
+from verl_cppack.core.runs import count_up, counting, run_starts
 
 _INT32_LIMIT = 2**31 - 1
 
@@ -62,29 +66,27 @@ def pack_index(
     return index, count_up(starts + used, length - used)
 
 
-def unpack_index(
+def with_sinks(index: np.ndarray, padding: np.ndarray, rows: int) -> np.ndarray:
+    """``pack_index``'s ``(index, zero_positions)`` at ``shift=0`` as the copy back's scatter index ([P] int64, a new
+    array): each position writes back the row it reads, and each position without a token a row of its own from
+    ``rows`` on (dropped after the scatter), so no two positions share a row and the scatter stays deterministic."""
+    index = index.astype(np.int64)
+    index[padding] = counting(padding.size) + rows
+    return index
+
+
+def token_index(
     runs_of_all_ranks: Runs,  # every rank's local stream as runs, rank 0 first
-    first_value: np.ndarray,  # [n] row of each sequence's first token in the output (non-decreasing)
+    first_token: np.ndarray,  # [n] place of each sequence's first token among the N tokens (cu_seqlens[:-1])
     seqlens: np.ndarray,  # [n] tokens per sequence
-    rows: int,  # rows of the output
-    zero_row: int,  # the rank-major stream's zero row (its length)
 ) -> np.ndarray:
-    """``index [rows]``: output row ``q`` reads rank-major row ``index[q]``; rows without a token read ``zero_row``
-    once clamped to it (they count up from it: the caller clamps the index where it is used, one vectorised pass on
-    the device; numpy's clamp of an int32 table is ~10x slower here). The chunks of each sequence are found where
-    the layout put them; sequences' tokens are disjoint and in order in the output, so the chunks sorted by their
-    first output row are the output in order."""
+    """``index [N]``: the rank-major position of each token, tokens in sequence order (what a jagged copy back reads).
+    Each run's tokens open it and are in order; the runs sorted by their first token are the tokens in order."""
     runs = runs_of_all_ranks
     tokens = np.minimum(np.maximum(runs.per_run(seqlens) - runs.offset, 0), runs.length)  # [k] tokens in each run
-    chunks = tokens > 0
-    first = (runs.per_run(first_value) + runs.offset)[chunks]  # output row of each chunk's first token
-    start, length = run_starts(runs.length)[chunks], tokens[chunks]  # its rank-major position, its tokens
+    first = runs.per_run(first_token) + runs.offset  # [k] place of each run's first token
+    start = run_starts(runs.length)  # [k] its rank-major position
     if first.size > 1 and (first[1:] < first[:-1]).any():
         order = np.argsort(first, kind="stable")
-        first, start, length = first[order], start[order], length[order]
-    firsts, lengths = np.empty((2, 2 * first.size + 1), np.int64)  # runs: a gap before each chunk, the chunk; a gap
-    firsts.fill(zero_row)
-    firsts[1::2], lengths[1::2] = start, length
-    lengths[:-1:2], lengths[-1] = first, rows  # each gap ends where the next chunk (or the output) begins ...
-    lengths[2::2] -= first + length  # ... and starts where the chunk before it ends
-    return count_up(firsts, lengths, dtype=index_dtype(zero_row + rows))
+        first, start, tokens = first[order], start[order], tokens[order]
+    return count_up(start, tokens, dtype=index_dtype(runs.total))

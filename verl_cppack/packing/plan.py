@@ -37,8 +37,8 @@ from verl_cppack.core.host import to_device
 from verl_cppack.core.jagged import is_jagged, jagged_from_values, jagged_values
 from verl_cppack.core.layouts import Layout, Runs
 from verl_cppack.core.runs import count_up
-from verl_cppack.packing.copies import RowCopy, as_dtype, communicable, copyable
-from verl_cppack.packing.indices import pack_index, unpack_index
+from verl_cppack.packing.copies import RowCopy, RowScatter, as_dtype, communicable, copyable
+from verl_cppack.packing.indices import pack_index, token_index, with_sinks
 
 
 @dataclass(frozen=True)
@@ -152,17 +152,20 @@ class PackPlan:
     @cached_property
     def stream_source(self) -> torch.Tensor:
         """[T] int64 source row of each stream position; distinct rows ``>= source_rows`` at padding."""
+        tables = self.tables
+        runs = Runs.whole_slots(tables.cu_seqlens_padded)
         rows = self._token_space_rows
-        values, padding = pack_index(
-            Runs.whole_slots(self.tables.cu_seqlens_padded), self.tables.sequence_start, self.tables.seqlens, rows
-        )
-        values = values.astype(np.int64)
-        values[padding] = rows + np.arange(padding.size)  # past the token space, one row each
-        values = to_device(values, self.device)
-        if self.token_rows is not None:  # token index -> source row; the sinks go past the source rows
-            sinks = torch.arange(self.source_rows, self.source_rows + padding.size, device=self.device)
-            values = torch.cat([self.token_rows, sinks]).index_select(0, values)
-        return values
+        index, padding = pack_index(runs, tables.sequence_start, tables.seqlens, rows)
+        return self._source_rows_of(with_sinks(index, padding, rows), padding.size)
+
+    def _source_rows_of(self, token_space_rows: np.ndarray, sinks: int) -> torch.Tensor:
+        """Token-space rows (``with_sinks``: the last ``sinks`` past the token space) -> source rows on the device, the
+        sinks past the source rows."""
+        index = to_device(token_space_rows, self.device)
+        if self.token_rows is None:
+            return index
+        past = torch.arange(self.source_rows, self.source_rows + sinks, device=self.device)
+        return torch.cat([self.token_rows, past]).index_select(0, index)
 
     @property
     def _token_space_rows(self) -> int:
@@ -191,23 +194,35 @@ class PackPlan:
             self._copies[key] = copy
         return copy
 
-    def _unpack_copy(self, token_space: bool) -> RowCopy:
-        """What the copy back reads from the rank-major stream (followed by its zero row where ``_reads_zero_row``):
-        source rows, or the ``N`` tokens in stream order with ``token_space``. Each sequence's chunks are read from
-        where the layout put them; the rows between them (a padded source's rows without a token) read the zero
-        row."""
-        key = ("unpack", token_space)
+    def _copy_back(self, jagged: bool) -> RowCopy | RowScatter:
+        """What the copy back makes of the rank-major stream, built once per kind: the ``N`` tokens in sequence order
+        (``jagged``), or the padded source's rows."""
+        key = ("unpack", jagged)
         copy = self._copies.get(key)
         if copy is None:
-            tables = self.tables
-            all_ranks = self.layout.runs(tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
-            first = tables.cu_seqlens[:-1] if token_space else tables.sequence_start
-            rows = self.num_valid_tokens if token_space else self.source_rows
-            index = unpack_index(all_ranks, first, tables.seqlens, rows, zero_row=self.total_length)
-            copy = self._copies[key] = RowCopy.of(index, np.empty(0, np.int64), self.device)
-            if self._reads_zero_row and not token_space:  # (else every row is a token: nothing to clamp)
-                copy.index.clamp_max_(self.total_length)  # rows without a token: the zero row (one pass on the device)
+            copy = self._copies[key] = self._token_reads() if jagged else self._row_writes()
         return copy
+
+    def _all_ranks_runs(self) -> Runs:
+        return self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
+
+    def _token_reads(self) -> RowCopy:
+        """The tokens read from the rank-major stream where the layout put them: one ``index_select`` of an ``[N]``
+        index (a jagged output holds only tokens)."""
+        index = token_index(self._all_ranks_runs(), self.tables.cu_seqlens[:-1], self.tables.seqlens)
+        return RowCopy(to_device(index, self.device), None)
+
+    def _row_writes(self) -> RowScatter:
+        """Each position of the rank-major stream written on its source row, into zeros: one scatter of a ``[T]``
+        index (a padded output has many more rows than the stream has positions). At CP=1 the stream is this rank's
+        own, and each position writes back the row ``pack`` read."""
+        tables, rows = self.tables, self._token_space_rows
+        if self.ctx.cp_size == 1:
+            index, padding = self._pack_index(0, False)
+        else:
+            index, padding = pack_index(self._all_ranks_runs(), tables.sequence_start, tables.seqlens, rows)
+        written = self._source_rows_of(with_sinks(index, padding, rows), padding.size)
+        return RowScatter(written, self.source_rows, padding.size, zeroed=self._has_gaps)
 
     # ------------------------------------------------------------------ pack
     def pack(self, x: torch.Tensor, *, shift: int = 0, wrap: bool = False, name: str = "x") -> torch.Tensor:
@@ -274,10 +289,10 @@ class PackPlan:
         copied as is, as in ``pack``. ``name``: what errors call ``y_local``.
         """
         local = self._check_local(y_local, name)[0]  # [T_local, *]
-        stream = gather_stream(  # [T (+ 1), *]; the copy back's index is built while the all-gather is in flight
-            communicable(local), self.ctx, gradient, self._reads_zero_row, self._copy_back
-        )
-        return self._to_source_layout(as_dtype(self._from_stream(copyable(stream)), local.dtype))
+        # [T, *]: the copy back's index is built while the all-gather is in flight
+        jagged = self.source_shape is None
+        stream = gather_stream(communicable(local), self.ctx, gradient, lambda: self._copy_back(jagged))
+        return self._to_source_layout(as_dtype(self._copy_back(jagged)(copyable(stream)), local.dtype))
 
     def restore(self, local_outputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """Pure, no process group: every rank's ``[1, T_local, *]`` output (rank order) -> what ``unpack`` returns."""
@@ -293,18 +308,18 @@ class PackPlan:
         outputs = [copyable(self._check_local(y, f"local_outputs[{rank}]"))[0] for rank, y in enumerate(local_outputs)]
         if len({(y.dtype, y.shape[1:]) for y in outputs}) > 1:
             raise ValueError("every rank's local output must have the same dtype and trailing dimensions")
-        zero_rows = [outputs[0].new_zeros((1, *outputs[0].shape[1:]))] if self._reads_zero_row else []
-        stream = torch.cat([*outputs, *zero_rows])  # [T (+ 1), *]
-        dtype = local_outputs[0].dtype
-        return self._to_source_layout(as_dtype(self._from_stream(stream), dtype))
+        stream = torch.cat(outputs)  # [T, *]
+        return self._to_source_layout(
+            as_dtype(self._copy_back(self.source_shape is None)(stream), local_outputs[0].dtype)
+        )
 
     def unpack_nested(
         self, y_local: torch.Tensor, *, gradient: GradientContract = "local", name: str = "y_local"
     ) -> torch.Tensor:
         """Like ``unpack`` but always a jagged nested tensor ``[n, j, *]`` of the real tokens of each sequence."""
         local = self._check_local(y_local, name)[0]
-        stream = gather_stream(communicable(local), self.ctx, gradient, False, lambda: self._unpack_copy(True))
-        values = as_dtype(self._unpack_copy(token_space=True)(copyable(stream)), local.dtype)  # [N, *] from [T, *]
+        stream = gather_stream(communicable(local), self.ctx, gradient, lambda: self._copy_back(True))  # [T, *]
+        values = as_dtype(self._copy_back(True)(copyable(stream)), local.dtype)  # [N, *]
         return jagged_from_values(values, self.jagged_offsets)
 
     def _check_local(self, y_local: torch.Tensor, name: str) -> torch.Tensor:
@@ -319,22 +334,9 @@ class PackPlan:
         return y_local
 
     @property
-    def _reads_zero_row(self) -> bool:
-        """Whether the copy back reads a zero row after the rank-major stream: a padded source's rows without a token
-        do (a jagged source's rows, and the tokens that ``token_rows`` places, are all tokens)."""
-        return self.source_shape is not None and self.token_rows is None
-
-    def _copy_back(self) -> RowCopy:
-        """What ``_from_stream`` reads the stream with: source rows, or the tokens where ``token_rows`` places them."""
-        return self._unpack_copy(token_space=self.token_rows is not None)
-
-    def _from_stream(self, stream: torch.Tensor) -> torch.Tensor:
-        """The rank-major stream ``[T, *]``, followed by its zero row where ``_reads_zero_row`` -> source rows ``[R, *]``."""
-        copied = self._copy_back()(stream)  # [R, *], or the [N, *] tokens where token_rows places them
-        if self.token_rows is None:
-            return copied
-        rows = copied.new_zeros((self.source_rows, *copied.shape[1:]))  # (rows with gaps)
-        return rows.index_copy_(0, self.token_rows, copied)
+    def _has_gaps(self) -> bool:
+        """Whether some source row holds no token (a padded source's padding)."""
+        return self.source_rows > self.num_valid_tokens
 
     def _to_source_layout(self, rows: torch.Tensor) -> torch.Tensor:
         if self.source_shape is None:
