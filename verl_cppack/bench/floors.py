@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from verl_cppack.bench.batches import EngineMicroBatch, MicroBatch
+from verl_cppack.collectives.gather import all_gather_into
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def postprocess_floor(
         stream = output.reshape(-1)  # [T_local]
         if index.cp_size > 1:
             gathered = stream.new_empty(index.cp_size * index.local_length)
-            _all_gather_into(gathered, stream, group)
+            all_gather_into(gathered, stream, group)
             stream = gathered
         full = stream.new_zeros(rows + 1).scatter_(0, index.unpack, stream)  # the last row takes the padding
         results.append(full[:rows].view(shape))
@@ -80,15 +80,7 @@ def all_gathers_alone(outputs: tuple[torch.Tensor, ...], index: FloorIndex, grou
         return
     for output in outputs:
         local = output.reshape(-1)
-        _all_gather_into(local.new_empty(index.cp_size * index.local_length), local, group)
-
-
-def _all_gather_into(out: torch.Tensor, local: torch.Tensor, group: Any) -> None:
-    """Every rank's ``local`` [T_local] into ``out`` [cp * T_local] (one collective, no list of views)."""
-    gather = (
-        getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    )  # all_gather_into_tensor's newer name
-    gather(out, local, group=group)
+        all_gather_into(local.new_empty(index.cp_size * index.local_length), local, group)
 
 
 # ------------------------------------------------------------- the engine path (jagged inputs and outputs)
@@ -139,6 +131,6 @@ def engine_postprocess_floor(
             results.append(local.index_select(0, index.unpack))
             continue
         gathered = local.new_empty(index.cp_size * index.local_length)
-        _all_gather_into(gathered, local, group)
+        all_gather_into(gathered, local, group)
         results.append(gathered.index_select(0, index.unpack))
     return results

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -14,6 +14,14 @@ from verl_cppack.core.checks import require_context, require_tensor
 GradientContract = Literal["local", "sum"]
 
 _TORCH_ALL_GATHER = dist.all_gather  # torch's own, as imported (tests may put a stand-in in its place)
+# every rank's tensor into one output tensor: ``all_gather_single`` from torch 2.13 on, which deprecates the older name
+_ALL_GATHER_INTO_TENSOR = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def all_gather_into(output: torch.Tensor, local: torch.Tensor, group: Any, async_op: bool = False) -> Any:
+    """Every rank's ``local`` ``[T_local, *]`` into ``output`` ``[cp_size * T_local, *]`` (rank 0 first): one
+    collective; the work handle with ``async_op``."""
+    return _ALL_GATHER_INTO_TENSOR(output, local, group=group, async_op=async_op)
 
 
 def _check_group(ctx: ParallelContext) -> None:
@@ -38,7 +46,7 @@ def _gathered(
     local_length = wire.shape[0]
     gathered = wire.new_empty((parallel.cp_size * local_length, *wire.shape[1:]))
     if dist.all_gather is _TORCH_ALL_GATHER:  # started now, waited for once ``while_waiting`` is done
-        work = dist.all_gather_into_tensor(gathered, wire, group=parallel.cp_group, async_op=True)
+        work = all_gather_into(gathered, wire, parallel.cp_group, async_op=True)
     else:  # a stand-in put in torch.distributed (verl's tests have their own): called as verl calls it, blocking,
         # with one buffer per rank shaped like the local output
         dist.all_gather(

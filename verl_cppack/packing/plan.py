@@ -308,7 +308,7 @@ class PackPlan:
         outputs = [copyable(self._check_local(y, f"local_outputs[{rank}]"))[0] for rank, y in enumerate(local_outputs)]
         if len({(y.dtype, y.shape[1:]) for y in outputs}) > 1:
             raise ValueError("every rank's local output must have the same dtype and trailing dimensions")
-        stream = torch.cat(outputs)  # [T, *]
+        stream = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # [T, *] (the copy back writes a new tensor)
         return self._to_source_layout(
             as_dtype(self._copy_back(self.source_shape is None)(stream), local_outputs[0].dtype)
         )
