@@ -71,7 +71,8 @@ def with_sinks(index: np.ndarray, padding: np.ndarray, rows: int) -> np.ndarray:
     array): each position writes back the row it reads, and each position without a token a row of its own from
     ``rows`` on (dropped after the scatter), so no two positions share a row and the scatter stays deterministic."""
     index = index.astype(np.int64)
-    index[padding] = counting(padding.size) + rows
+    if padding.size:
+        index[padding] = counting(padding.size) + rows
     return index
 
 
