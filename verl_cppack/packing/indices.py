@@ -67,7 +67,7 @@ def pack_index(
 
 
 def with_sinks(index: np.ndarray, padding: np.ndarray, rows: int) -> np.ndarray:
-    """``pack_index``'s ``(index, zero_positions)`` at ``shift=0`` as the copy back's scatter index ([P] int64, a new
+    """``pack_index``'s ``(index, zero_positions)`` at ``shift=0`` as the copy back's scatter index (int64, a new
     array): each position writes back the row it reads, and each position without a token a row of its own from
     ``rows`` on (dropped after the scatter), so no two positions share a row and the scatter stays deterministic."""
     index = index.astype(np.int64)

@@ -16,8 +16,9 @@ rank-major stream
 
 Where each step lives: ``packing.builders`` builds a plan (``plan_from_mask`` / ``plan_from_lengths`` /
 ``plan_from_nested``: one device->host read, per-sequence arithmetic on the host with numpy, no Python loop over
-sequences); ``packing.indices`` expands the layout's runs into the per-position indices on the host; ``packing.copies`` is the
-one copy both directions make (one ``index_select``, zeros where no row lands).
+sequences); ``packing.indices`` expands the layout's runs into the per-position indices on the host;
+``packing.copies`` holds the copies: ``pack`` reads (one ``index_select``, zeros where no row lands), the copy back
+of a padded output writes (one scatter into zeros), a jagged output's reads its tokens.
 """
 
 from __future__ import annotations
@@ -289,8 +290,8 @@ class PackPlan:
         copied as is, as in ``pack``. ``name``: what errors call ``y_local``.
         """
         local = self._check_local(y_local, name)[0]  # [T_local, *]
-        # [T, *]: the copy back's index is built while the all-gather is in flight
         jagged = self.source_shape is None
+        # [T, *]; the copy back's index is built while the all-gather is in flight
         stream = gather_stream(communicable(local), self.ctx, gradient, lambda: self._copy_back(jagged))
         return self._to_source_layout(as_dtype(self._copy_back(jagged)(copyable(stream)), local.dtype))
 
