@@ -153,35 +153,33 @@ class PackPlan:
     @cached_property
     def stream_source(self) -> torch.Tensor:
         """[T] int64 source row of each stream position; distinct rows ``>= source_rows`` at padding."""
-        tables = self.tables
-        runs = Runs.whole_slots(tables.cu_seqlens_padded)
-        rows = self._token_space_rows
-        index, padding = pack_index(runs, tables.sequence_start, tables.seqlens, rows)
-        return self._source_rows_of(with_sinks(index, padding, rows), padding.size)
-
-    def _source_rows_of(self, token_space_rows: np.ndarray, sinks: int) -> torch.Tensor:
-        """Token-space rows (``with_sinks``: the last ``sinks`` past the token space) -> source rows on the device, the
-        sinks past the source rows."""
-        index = to_device(token_space_rows, self.device)
-        if self.token_rows is None:
-            return index
-        past = torch.arange(self.source_rows, self.source_rows + sinks, device=self.device)
-        return torch.cat([self.token_rows, past]).index_select(0, index)
+        return self._rows_written(self._read_index(Runs.whole_slots(self.tables.cu_seqlens_padded)))
 
     @property
     def _token_space_rows(self) -> int:
         """Rows the plan's indices read: source rows, or the ``N`` tokens when they are looked up in ``token_rows``."""
         return self.source_rows if self.token_rows is None else self.num_valid_tokens
 
+    def _read_index(self, runs: Runs, shift: int = 0, wrap: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """``packing.indices.pack_index`` of ``runs`` over this plan's token space: ``(index, zero_positions)``."""
+        tables = self.tables
+        return pack_index(runs, tables.sequence_start, tables.seqlens, self._token_space_rows, shift=shift, wrap=wrap)
+
+    def _rows_written(self, read: tuple[np.ndarray, np.ndarray]) -> torch.Tensor:
+        """``_read_index`` at ``shift=0`` as a scatter's index on the device: each position on the source row it
+        reads, each padding position on a source row of its own past the last (``packing.indices.with_sinks``)."""
+        index, padding = read
+        written = to_device(with_sinks(index, padding, self._token_space_rows), self.device)
+        if self.token_rows is None:
+            return written
+        past = torch.arange(self.source_rows, self.source_rows + padding.size, device=self.device)
+        return torch.cat([self.token_rows, past]).index_select(0, written)  # token index -> source row
+
     def _pack_index(self, shift: int, wrap: bool) -> tuple[np.ndarray, np.ndarray]:
         """This rank's ``(index, zero_positions)`` for ``pack(x, shift, wrap)`` (host tables), made once per key."""
         key = ("index", shift, wrap and shift > 0)
         if key not in self._copies:
-            tables = self.tables
-            rows = self._token_space_rows
-            self._copies[key] = pack_index(
-                self.local_runs, tables.sequence_start, tables.seqlens, rows, shift=shift, wrap=key[2]
-            )
+            self._copies[key] = self._read_index(self.local_runs, shift, key[2])
         return self._copies[key]
 
     def _pack_copy(self, shift: int, wrap: bool) -> RowCopy:
@@ -217,13 +215,8 @@ class PackPlan:
         """Each position of the rank-major stream written on its source row, into zeros: one scatter of a ``[T]``
         index (a padded output has many more rows than the stream has positions). At CP=1 the stream is this rank's
         own, and each position writes back the row ``pack`` read."""
-        tables, rows = self.tables, self._token_space_rows
-        if self.ctx.cp_size == 1:
-            index, padding = self._pack_index(0, False)
-        else:
-            index, padding = pack_index(self._all_ranks_runs(), tables.sequence_start, tables.seqlens, rows)
-        written = self._source_rows_of(with_sinks(index, padding, rows), padding.size)
-        return RowScatter(written, self.source_rows, padding.size, zeroed=self._has_gaps)
+        read = self._pack_index(0, False) if self.ctx.cp_size == 1 else self._read_index(self._all_ranks_runs())
+        return RowScatter(self._rows_written(read), self.source_rows, read[1].size, zeroed=self._has_gaps)
 
     # ------------------------------------------------------------------ pack
     def pack(self, x: torch.Tensor, *, shift: int = 0, wrap: bool = False, name: str = "x") -> torch.Tensor:
