@@ -90,6 +90,9 @@ class Layout(ABC):
             )
 
 
+_FRONT_BACK = np.array([0, 1], np.int64)  # a rank's two zigzag chunks: the front one, then the back one
+
+
 class ZigzagLayout(Layout):
     """Ring / TE "DualChunkSwap": each slot is cut in ``2*CP`` chunks; rank r holds chunk r and chunk 2CP-1-r."""
 
@@ -110,13 +113,14 @@ class ZigzagLayout(Layout):
         # Rank r holds, for every slot, its front chunk r then its back chunk 2*CP-1-r: runs [R, n, 2] in that order.
         chunk = (cu_seqlens_padded[1:] - cu_seqlens_padded[:-1]) // (2 * cp_size)  # [n] chunk length of each slot
         rank = np.asarray(ranks, np.int64).reshape(-1, 1, 1)  # [R, 1, 1]
-        chunk_id = np.concatenate([rank, 2 * cp_size - 1 - rank], axis=2)  # [R, 1, 2]
-        num_ranks = rank.shape[0]
+        chunk_id = rank + _FRONT_BACK * (2 * cp_size - 1 - 2 * rank)  # [R, 1, 2]: r, then 2*CP-1-r
+        slot = counting(chunk_id.size * chunk.size) // 2 % max(chunk.size, 1)  # [R*n*2]
+        length = chunk[slot]
         return Runs(
-            slot=np.tile(np.arange(chunk.size).repeat(2), num_ranks),
-            offset=(chunk_id * chunk.reshape(1, -1, 1)).reshape(-1),
-            length=np.tile(chunk.repeat(2), num_ranks),
-            total=num_ranks * (int(cu_seqlens_padded[-1]) // cp_size),
+            slot=slot,
+            offset=(chunk_id * length.reshape(rank.size, chunk.size, 2)).reshape(-1),
+            length=length,
+            total=rank.size * (int(cu_seqlens_padded[-1]) // cp_size),
         )
 
 

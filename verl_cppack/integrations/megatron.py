@@ -40,6 +40,9 @@ class FallbackPackedSeqParams:
 
 def packed_seq_params_class() -> type:
     """megatron-core's ``PackedSeqParams`` as the module holds it now (a stand-in put there is used too)."""
+    imported = getattr(sys.modules.get("megatron.core.packed_seq_params"), "PackedSeqParams", None)
+    if imported is not None:  # every preprocess asks: found without the import machinery
+        return imported
     try:
         from megatron.core.packed_seq_params import PackedSeqParams
     except ImportError:

@@ -187,7 +187,8 @@ def _assemble(
 ) -> PackPlan:
     """The plan every builder ends in: padding, offsets and totals on the host, the padded offsets sent to the
     device (what every ``PackedSeqParams`` carries; the real offsets go when first asked for)."""
-    longest = _longest(seqlens_host)
+    longest = int(seqlens_host.max(initial=0))
+    _check_longest(longest)
     if not longest:
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
     seqlens_padded = alignment.pad(seqlens_host)
@@ -212,13 +213,6 @@ def _assemble(
         tables=SequenceTables(seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded, sequence_start_host),
         token_rows=token_rows,
     )
-
-
-def _longest(seqlens_host: np.ndarray) -> int:
-    """The longest of ``seqlens_host`` [n] (``ValueError`` past what int32 offsets hold)."""
-    longest = int(seqlens_host.max(initial=0))
-    _check_longest(longest)
-    return longest
 
 
 def _check_longest(longest: int) -> None:

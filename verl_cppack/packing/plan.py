@@ -175,11 +175,29 @@ class PackPlan:
         past = torch.arange(self.source_rows, self.source_rows + padding.size, device=self.device)
         return torch.cat([self.token_rows, past]).index_select(0, written)  # token index -> source row
 
+    @cached_property
+    def _stream_runs(self) -> Runs:
+        """Every rank's local stream as runs, rank 0 first: the rank-major stream an all-gather returns."""
+        return self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
+
+    @cached_property
+    def _stream_read(self) -> tuple[np.ndarray, np.ndarray]:
+        """``_read_index`` of the rank-major stream: every rank's ``pack`` at shift 0, which the copy back writes
+        back (made once, at the first of the two)."""
+        return self._read_index(self._stream_runs)
+
     def _pack_index(self, shift: int, wrap: bool) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's ``(index, zero_positions)`` for ``pack(x, shift, wrap)`` (host tables), made once per key."""
+        """This rank's ``(index, zero_positions)`` for ``pack(x, shift, wrap)`` (host tables), made once per key:
+        unshifted, this rank's part of ``_stream_read``."""
         key = ("index", shift, wrap and shift > 0)
         if key not in self._copies:
-            self._copies[key] = self._read_index(self.local_runs, shift, key[2])
+            if shift:
+                self._copies[key] = self._read_index(self.local_runs, shift, key[2])
+            else:
+                index, padding = self._stream_read
+                start = self.ctx.cp_rank * self.local_length
+                first, end = np.searchsorted(padding, (start, start + self.local_length))  # padding is ascending
+                self._copies[key] = (index[start : start + self.local_length], padding[first:end] - start)
         return self._copies[key]
 
     def _pack_copy(self, shift: int, wrap: bool) -> RowCopy:
@@ -202,21 +220,18 @@ class PackPlan:
             copy = self._copies[key] = self._token_reads() if jagged else self._row_writes()
         return copy
 
-    def _all_ranks_runs(self) -> Runs:
-        return self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
-
     def _token_reads(self) -> RowCopy:
         """The tokens read from the rank-major stream where the layout put them: one ``index_select`` of an ``[N]``
         index (a jagged output holds only tokens)."""
-        index = token_index(self._all_ranks_runs(), self.tables.cu_seqlens[:-1], self.tables.seqlens)
+        index = token_index(self._stream_runs, self.tables.cu_seqlens[:-1], self.tables.seqlens)
         return RowCopy(to_device(index, self.device), None)
 
     def _row_writes(self) -> RowScatter:
         """Each position of the rank-major stream written on its source row, into zeros: one scatter of a ``[T]``
-        index (a padded output has many more rows than the stream has positions). At CP=1 the stream is this rank's
-        own, and each position writes back the row ``pack`` read."""
-        read = self._pack_index(0, False) if self.ctx.cp_size == 1 else self._read_index(self._all_ranks_runs())
-        return RowScatter(self._rows_written(read), self.source_rows, read[1].size, zeroed=self._has_gaps)
+        index (a padded output has many more rows than the stream has positions): the row ``pack`` read there."""
+        read = self._stream_read
+        gaps = self.source_rows > self.num_valid_tokens  # a padded source's rows that hold no token stay zero
+        return RowScatter(self._rows_written(read), self.source_rows, read[1].size, zeroed=gaps)
 
     # ------------------------------------------------------------------ pack
     def pack(self, x: torch.Tensor, *, shift: int = 0, wrap: bool = False, name: str = "x") -> torch.Tensor:
@@ -326,11 +341,6 @@ class PackPlan:
         if y_local.device != self.device:
             raise ValueError(f"{name} is on {y_local.device} but the plan was built on {self.device}; move one")
         return y_local
-
-    @property
-    def _has_gaps(self) -> bool:
-        """Whether some source row holds no token (a padded source's padding)."""
-        return self.source_rows > self.num_valid_tokens
 
     def _to_source_layout(self, rows: torch.Tensor) -> torch.Tensor:
         if self.source_shape is None:
