@@ -24,15 +24,6 @@ def all_gather_into(output: torch.Tensor, local: torch.Tensor, group: Any, async
     return _ALL_GATHER_INTO_TENSOR(output, local, group=group, async_op=async_op)
 
 
-def _check_group(ctx: ParallelContext) -> None:
-    if ctx.cp_group is None:
-        raise ValueError(
-            f"cp_size={ctx.cp_size} needs ctx.cp_group to all-gather over; build the context with "
-            "integrations.megatron.parallel_context_from_megatron() or pass cp_group (e.g. torch.distributed.group.WORLD)"
-        )
-    ctx.check_group()  # torch.distributed answered for the group when ctx was made
-
-
 def _gathered(
     local: torch.Tensor, parallel: ParallelContext, while_waiting: Callable[[], object] | None
 ) -> torch.Tensor:
@@ -115,7 +106,12 @@ def gather_stream(
     _check_contract(gradient)
     if ctx.cp_size == 1:  # no communication: the local stream itself
         return local
-    _check_group(ctx)
+    if ctx.cp_group is None:
+        raise ValueError(
+            f"cp_size={ctx.cp_size} needs ctx.cp_group to all-gather over; build the context with "
+            "integrations.megatron.parallel_context_from_megatron() or pass cp_group (e.g. torch.distributed.group.WORLD)"
+        )
+    ctx.check_group()  # torch.distributed answered for the group when ctx was made
     if not (local.requires_grad and torch.is_grad_enabled()):  # no graph to record (log-probs under no_grad):
         return _gathered(local, ctx, while_waiting)  # autograd's Function costs ~60 us a call here
     return _AllGatherRankMajor.apply(local, ctx, gradient, while_waiting)

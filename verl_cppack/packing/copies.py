@@ -1,13 +1,8 @@
 """The two copies every plan makes: ``pack`` gathers, ``out[p] = rows[index[p]]`` (one ``index_select``, then zeros
-at the positions no row lands on); the copy back scatters, ``out[index[p]] = stream[p]`` into zeros.
-
-``pack`` reads the caller's rows (``[R, *]``, a view of the padded batch or of a jagged batch's values) with the
-plan's per-position index and zeroes its few padding positions (``zero_positions``: one ``index_fill_``, skipped
-when there are none). The copy back writes each position of the all-gathered stream on its output row: it touches
-the stream's ``T`` positions, not the output's rows (a padded ``[B, S]`` output has many more), and the positions
-without a token land on rows past the output, one each, which are dropped. Both indices are built on the host
-(``packing.indices``) and sent to the device in one copy each. Every dtype is copied as is: those the index kernels
-lack travel as same-size integers (``copyable`` / ``as_dtype``).
+at the positions no row lands on); the copy back scatters, ``out[index[p]] = stream[p]`` into zeros, touching the
+stream's ``T`` positions rather than a padded output's many more rows. Indices come from ``packing.indices``, one
+copy each to the device. Every dtype is copied as is: those the index kernels lack travel as same-size integers
+(``copyable`` / ``as_dtype``).
 """
 
 from __future__ import annotations

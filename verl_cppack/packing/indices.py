@@ -1,19 +1,11 @@
 """The per-position indices of a plan, computed on the host from per-run tables (no loop over sequences).
 
 A pack reads ``out[p] = rows[index[p]]``, a copy back writes ``out[index[p]] = stream[p]``; either index counts up
-by one along each *run* of the layout (a slot, or a CP chunk of one), so it is one expansion (``core.runs.count_up``)
-of a ``k``-entry table:
-
-- ``pack_index``: this rank's local stream read from the source rows, ``shift`` places ahead inside each sequence
-  (``wrap``: round inside it); the positions whose target is no token are listed to be zeroed after the copy;
-- ``with_sinks``: the copy back's scatter index (int64, as ``scatter_`` takes it): ``pack_index`` at ``shift=0`` of
-  the rank-major stream (every rank's local stream, rank 0 first), each position without a token on a row past the
-  output of its own;
-- ``token_index``: the rank-major position of each token in sequence order, the index a jagged copy back reads (a
-  jagged output holds only tokens: reading them is one op and a smaller index than writing every position).
-
-``pack_index`` is int32 (half the memory traffic of int64, and ``index_select`` takes it) unless a table is too
-long.
+by one along each *run* of the layout (a slot, or a CP chunk of one): one expansion (``core.runs.count_up``) of a
+``k``-entry table. ``pack_index``: runs read from the source rows, ``shift`` places ahead inside each sequence, and
+the positions with no token to read (int32 unless a table is too long: half int64's memory traffic);
+``with_sinks``: that index at ``shift=0`` as the copy back's scatter index; ``token_index``: what a jagged copy back
+reads (it holds only tokens: one op and a smaller index than writing every position).
 """
 
 from __future__ import annotations

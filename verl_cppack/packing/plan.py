@@ -14,11 +14,8 @@ local stream
 rank-major stream
     All ranks' local streams concatenated, rank 0 first: what an all-gather returns.
 
-Where each step lives: ``packing.builders`` builds a plan (``plan_from_mask`` / ``plan_from_lengths`` /
-``plan_from_nested``: one device->host read, per-sequence arithmetic on the host with numpy, no Python loop over
-sequences); ``packing.indices`` expands the layout's runs into the per-position indices on the host;
-``packing.copies`` holds the copies: ``pack`` reads (one ``index_select``, zeros where no row lands), the copy back
-of a padded output writes (one scatter into zeros), a jagged output's reads its tokens.
+Steps: ``packing.builders`` builds a plan (one device->host read, numpy on the host, no Python loop over sequences),
+``packing.indices`` expands the layout's runs into per-position indices, ``packing.copies`` copies.
 """
 
 from __future__ import annotations
@@ -193,6 +190,8 @@ class PackPlan:
         if key not in self._copies:
             if shift:
                 self._copies[key] = self._read_index(self.local_runs, shift, key[2])
+            elif self.ctx.cp_size == 1:  # this rank's stream is the stream
+                self._copies[key] = self._stream_read
             else:
                 index, padding = self._stream_read
                 start = self.ctx.cp_rank * self.local_length
