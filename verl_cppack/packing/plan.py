@@ -185,18 +185,21 @@ class PackPlan:
 
     def _pack_index(self, shift: int, wrap: bool) -> tuple[np.ndarray, np.ndarray]:
         """This rank's ``(index, zero_positions)`` for ``pack(x, shift, wrap)`` (host tables), made once per key:
-        unshifted, this rank's part of ``_stream_read``."""
+        unshifted from a padded source, this rank's part of ``_stream_read``."""
         key = ("index", shift, wrap and shift > 0)
         if key not in self._copies:
             if shift:
-                self._copies[key] = self._read_index(self.local_runs, shift, key[2])
+                read = self._read_index(self.local_runs, shift, key[2])
             elif self.ctx.cp_size == 1:  # this rank's stream is the stream
-                self._copies[key] = self._stream_read
+                read = self._stream_read
+            elif self.source_shape is None:  # a jagged source's copy back reads its tokens (token_index), not this
+                read = self._read_index(self.local_runs)
             else:
                 index, padding = self._stream_read
                 start = self.ctx.cp_rank * self.local_length
                 first, end = np.searchsorted(padding, (start, start + self.local_length))  # padding is ascending
-                self._copies[key] = (index[start : start + self.local_length], padding[first:end] - start)
+                read = (index[start : start + self.local_length], padding[first:end] - start)
+            self._copies[key] = read
         return self._copies[key]
 
     def _pack_copy(self, shift: int, wrap: bool) -> RowCopy:
