@@ -197,7 +197,7 @@ class PackPlan:
             else:
                 index, padding = self._stream_read
                 start = self.ctx.cp_rank * self.local_length
-                first, end = np.searchsorted(padding, (start, start + self.local_length))  # padding is ascending
+                first, end = padding.searchsorted((start, start + self.local_length))  # padding is ascending
                 read = (index[start : start + self.local_length], padding[first:end] - start)
             self._copies[key] = read
         return self._copies[key]
