@@ -185,7 +185,8 @@ class PackPlan:
 
     def _pack_index(self, shift: int, wrap: bool) -> tuple[np.ndarray, np.ndarray]:
         """This rank's ``(index, zero_positions)`` for ``pack(x, shift, wrap)`` (host tables), made once per key:
-        unshifted from a padded source, this rank's part of ``_stream_read``."""
+        unshifted, this rank's part of ``_stream_read`` (all of it at CP=1; at CP > 1 a jagged source reads its own
+        rank's runs instead)."""
         key = ("index", shift, wrap and shift > 0)
         if key not in self._copies:
             if shift:
