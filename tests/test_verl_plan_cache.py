@@ -107,6 +107,32 @@ def test_postprocess_unpacks_with_the_masks_current_contents(write):
         dropins.postprocess_packed_seqs(packed, params, mask, 2, 8)
 
 
+@pytest.mark.parametrize(
+    "not_params", [None, {"cu_seqlens_q_padded": [0, 3, 7]}, object()], ids=["None", "dict", "object"]
+)
+def test_gather_back_without_packed_seq_params_is_a_type_error_before_any_plan(not_params, monkeypatch):
+    """Something that carries no THD offsets in place of the ``PackedSeqParams`` (``None``, a dict, another object):
+    a ``TypeError`` naming what to pass, raised before a plan is built or a mask read (verl's own functions raise
+    ``AttributeError`` on ``None.cu_seqlens_q``)."""
+    mask = torch.tensor(FIRST, dtype=torch.bool)
+    packed, _ = dropins.preprocess_packed_seqs(_ids(), mask)
+    nested = torch.nested.nested_tensor_from_jagged(torch.arange(10), offsets=torch.tensor([0, 3, 10]))
+    engine_packed, _, _ = dropins.preprocess_thd_engine(nested)
+
+    def no_plan(*args, **kwargs):
+        raise AssertionError("a plan was built for a call that must fail first")
+
+    monkeypatch.setattr(dropins, "_mask_plan", no_plan)
+    monkeypatch.setattr(dropins, "_nested_plan", no_plan)
+    message = "packed_seq_params must be the PackedSeqParams the matching preprocess call returned"
+    with pytest.raises(TypeError, match=message):
+        dropins.postprocess_packed_seqs(packed, not_params, mask, 2, 8)
+    with pytest.raises(TypeError, match=message):
+        dropins.postprocess_thd_engine(engine_packed, not_params, nested, 2)
+    with pytest.raises(TypeError, match=message):
+        dropins.postprocess_thd_engine(engine_packed, not_params, nested, 2, local_cp_size=1)
+
+
 def test_nested_offsets_written_in_place_are_seen():
     values = torch.arange(10)
     offsets = torch.tensor([0, 3, 10])

@@ -96,29 +96,38 @@ def _packed_seq_params(plan: PackPlan, snapshot: SourceSnapshot, include_total_t
     return attach_plan(params, plan, snapshot)
 
 
-def _require_same_stream(plan: PackPlan, packed_seq_params: Any) -> PackPlan:
-    """One sync: the plan's padded offsets must be the ones ``packed_seq_params`` carries."""
+def _given_offsets(packed_seq_params: Any) -> torch.Tensor:
+    """The padded offsets ``packed_seq_params`` carries (``cu_seqlens_q_padded``, else ``cu_seqlens_q``); ``TypeError``
+    for anything that carries none (``None``, a dict, another object), before any plan is built."""
     given = getattr(packed_seq_params, "cu_seqlens_q_padded", None)
     if given is None:
-        given = packed_seq_params.cu_seqlens_q
-    if given.shape != plan.cu_seqlens_padded.shape or not torch.equal(
-        given.to(device=plan.cu_seqlens_padded.device, dtype=plan.cu_seqlens_padded.dtype), plan.cu_seqlens_padded
-    ):
-        raise ValueError(
-            "packed_seq_params does not describe this batch (its cu_seqlens_q_padded differ from the batch's "
-            "padded offsets); pass the packed_seq_params the matching preprocess call returned"
+        given = getattr(packed_seq_params, "cu_seqlens_q", None)
+    if not isinstance(given, torch.Tensor):
+        raise TypeError(
+            "packed_seq_params must be the PackedSeqParams the matching preprocess call returned (THD offsets in "
+            f"cu_seqlens_q_padded or cu_seqlens_q), got {type(packed_seq_params).__name__}"
         )
-    return plan
+    return given
 
 
 def _replan(packed_seq_params: Any, candidates: list[tuple[ParallelContext, Any]], build) -> PackPlan:
-    """Rebuild the plan of a ``packed_seq_params`` we did not make (or for another mask tensor)."""
+    """Rebuild the plan of a ``packed_seq_params`` we did not make (or for another mask tensor): the first padding
+    policy whose padded offsets are the ones ``packed_seq_params`` carries (one sync each)."""
+    given = _given_offsets(packed_seq_params)
     errors = []
     for ctx, alignment in candidates:
         try:
-            return _require_same_stream(build(ctx, alignment), packed_seq_params)
-        except ValueError as error:  # try the next padding policy
+            plan = build(ctx, alignment)
+        except ValueError as error:  # this padding policy cannot cut the batch: try the next
             errors.append(str(error))
+            continue
+        expected = plan.cu_seqlens_padded
+        if given.shape == expected.shape and torch.equal(given.to(expected.device, expected.dtype), expected):
+            return plan
+        errors.append(
+            "packed_seq_params does not describe this batch (its cu_seqlens_q_padded differ from the batch's "
+            "padded offsets); pass the packed_seq_params the matching preprocess call returned"
+        )
     raise ValueError(errors[-1])
 
 
@@ -345,6 +354,7 @@ def _plan_for_nested(packed_seq_params: Any, nested: torch.Tensor, local_cp_size
         ctx, candidates = plan.ctx, [plan.alignment]
     else:
         if local_cp_size is not None:  # verl: the dynamic-CP group travels on packed_seq_params
+            _given_offsets(packed_seq_params)  # a PackedSeqParams, before its group is read
             ctx = dynamic_cp_context(local_cp_size, packed_seq_params.cp_group)
         else:
             ctx = megatron_context()
