@@ -35,6 +35,7 @@ def test_parallel_context(kwargs, error, match):
         (torch.tensor([[1, -1, 0]]), ValueError, "values must be 0 or 1"),
         (torch.ones(0, 3, dtype=torch.bool), ValueError, "B >= 1 and S >= 1"),
         (torch.zeros(3, 4, dtype=torch.bool), ValueError, "zero valid tokens"),
+        (torch.ones(3, 4, dtype=torch.bool, device="meta"), ValueError, "meta tensor .* pass it with data"),
     ],
 )
 def test_attention_mask(mask, error, match):
@@ -77,6 +78,7 @@ def test_alignment_arguments():
         ([], ValueError, "at least one sequence"),
         ([2, True], TypeError, "sequence of ints"),
         ([0, 0], ValueError, "zero valid tokens"),
+        (torch.ones(2, dtype=torch.long, device="meta"), ValueError, "meta tensor .* pass the lengths with data"),
     ],
 )
 def test_lengths(seqlens, error, match):

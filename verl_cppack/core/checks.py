@@ -51,6 +51,8 @@ def require_mask(name: str, value: object) -> torch.Tensor:
         raise TypeError(f"{name} must be bool or integer 0/1, got dtype {mask.dtype}")
     if mask.shape[0] < 1 or mask.shape[1] < 1:
         raise ValueError(f"{name} must have B >= 1 and S >= 1, got shape {tuple(mask.shape)}")
+    if mask.is_meta:
+        raise ValueError(f"{name} is a meta tensor (a shape without values): a plan reads the mask; pass it with data")
     return mask
 
 
@@ -125,11 +127,8 @@ def require_true(condition: torch.Tensor, message: str) -> None:
 
 
 def check_cu_seqlens_padded(cu_seqlens_padded: object, slot_divisor: int) -> tuple[torch.Tensor, int]:
-    """Validate cumulative padded offsets: int32/int64, 1-D, starts at 0, non-decreasing, slots divisible.
-
-    Returns the offsets and the stream total. Costs one device->host sync (the values are inspected); used by public helpers, not by plans,
-    whose offsets are correct by construction.
-    """
+    """Cumulative padded offsets checked (int32/int64, 1-D, from 0, non-decreasing, slots divisible) and the stream
+    total: one device->host sync, for public helpers (a plan's offsets are correct by construction)."""
     cu = require_integer_tensor("cu_seqlens_padded", cu_seqlens_padded, ndim=1, dtypes=OFFSET_DTYPES)
     if cu.numel() < 2:
         raise ValueError(f"cu_seqlens_padded needs at least 2 entries ([0, total]), got {cu.numel()}")

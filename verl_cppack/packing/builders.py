@@ -85,6 +85,8 @@ def plan_from_lengths(
         raise TypeError(f"seqlens must be an integer tensor, got dtype {seqlens.dtype}")
     if seqlens.dim() != 1 or seqlens.numel() < 1:
         raise ValueError(f"seqlens must be 1-D with at least one sequence, got shape {tuple(seqlens.shape)}")
+    if seqlens.is_meta:
+        raise ValueError("seqlens is a meta tensor (a shape without values): pass the lengths with data")
     ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
     (seqlens_host,) = host.read_to_host(seqlens)  # the plan's one device->host read
     return _plan_from_host_lengths(ctx, layout_, alignment_, seqlens_host.copy(), seqlens.device)
