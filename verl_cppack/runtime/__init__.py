@@ -1,5 +1,5 @@
-"""verl's own trainer on the host: a 'cpu' platform, a Hugging Face rollout and named fixes to verl, Megatron-core
-and mbridge internals (``cpu_fixes.FIXES``), each version-checked.
+"""verl's own trainer on the host: a 'cpu' platform, a Hugging Face rollout and named fixes to verl, Megatron-core,
+mbridge and vLLM internals (``cpu_fixes.FIXES``, the vLLM ones from ``vllm_fixes``), each version-checked.
 
 Switched on only when asked: ``VERL_PLATFORM=cpu`` in a process that imports ``verl_cppack.verl_plugin``
 (``VERL_USE_EXTERNAL_MODULES`` or ``external_lib``), as ``verl-cppack grpo`` sets up. ``activate()`` arms every
