@@ -34,7 +34,8 @@ def test_verify_cp_2_passes_and_writes_the_report(attention, tmp_path):
 )
 def test_verify_cp_refuses_what_it_cannot_check_with_exit_code_2(argv, message, capsys):
     assert main(["verify-cp", *argv]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err  # one error line, as every command
 
 
 def test_the_rollout_batch_has_left_padded_prompts_right_padded_responses_and_a_two_token_row():

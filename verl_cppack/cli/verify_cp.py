@@ -219,12 +219,12 @@ def _megatron_knows_partition_mode() -> bool:
 def run(args: argparse.Namespace) -> int:
     problem = _check_args(args)
     if problem:
-        print(f"verify-cp: {problem}", file=sys.stderr)
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         report = run_check(args)
     except RankFailed as error:
-        print(f"verify-cp: could not run the check: {error}", file=sys.stderr)
+        print(f"error: verify-cp could not run the check: {error}", file=sys.stderr)
         return 2
     print(
         f"verify-cp cp={report['cp']} layout={report['layout']} attention={report['attention']} "
