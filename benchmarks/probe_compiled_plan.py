@@ -43,7 +43,8 @@ WARMUP = 20
 
 
 def _plan_kernel(mask, cp_size, cp_rank, slot_multiple):
-    """mask [B, S] bool -> (seqlens [B], cu_seqlens_padded [B+1] int32, read index [T/CP] int32, zero positions)."""
+    """mask [B, S] bool -> (every row one run of tokens, seqlens [B], cu_seqlens_padded [B+1] int32, this rank's read
+    index [T/CP] int32, its positions without a token [Z] int64). Compiled by numba; plain Python runs it too."""
     rows, columns = mask.shape
     seqlens = np.zeros(rows, np.int64)
     first = np.zeros(rows, np.int64)
