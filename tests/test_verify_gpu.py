@@ -95,7 +95,8 @@ def test_host_syncs_are_held_to_one_for_the_plan_and_none_for_its_reuse():
 
 
 def test_the_sync_counter_counts_torchs_sync_warnings(monkeypatch):
-    """``count_host_syncs`` counts the warnings ``set_sync_debug_mode("warn")`` raises (a CUDA stand-in here)."""
+    """``count_host_syncs`` counts the warnings ``set_sync_debug_mode("warn")`` raises for synchronizing operations
+    (a CUDA stand-in here), not torch's notice about the mode itself (an H200 run counted it as a second sync)."""
     modes = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
@@ -104,12 +105,32 @@ def test_the_sync_counter_counts_torchs_sync_warnings(monkeypatch):
     def two_syncs():
         import warnings
 
+        notice = "Synchronization debug mode is a prototype feature and does not yet detect all synchronizing ops"
+        warnings.warn(notice, UserWarning, stacklevel=1)  # torch's once-per-process notice: not a sync
         warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
         warnings.warn("something else", UserWarning, stacklevel=1)
         warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
 
     assert verify_gpu.count_host_syncs(two_syncs, torch.device("cuda", 0)) == 2
     assert modes == ["warn", 0]
+
+
+def test_bad_input_on_the_device_is_a_python_error_and_leaves_the_device_sound():
+    report = verify_gpu.check_bad_input_errors(CPU)
+    assert report["ok"] is True and report["device_sound_afterwards"] is True
+    assert len(report["raised"]) == 7 and set(report["raised"].values()) == {"ValueError", "TypeError"}
+
+
+def test_a_bad_input_that_is_accepted_or_fails_otherwise_fails_the_check():
+    def assertion():
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    report = verify_gpu.check_bad_input_errors(CPU, {"accepted": lambda: None, "asserted": assertion})
+    assert report["ok"] is False
+    assert report["raised"] == {
+        "accepted": "nothing",
+        "asserted": "RuntimeError: CUDA error: device-side assert triggered",
+    }
 
 
 def _fake_run(returncode: int, write: dict[str, object] | None = None):
@@ -160,6 +181,7 @@ def test_one_json_holds_every_check_and_a_check_that_raises_fails_alone(tmp_path
         "zigzag_vs_transformer_engine",
         "cuda_equals_cpu",
         "host_syncs",
+        "bad_input_errors",
         "bench",
         "verify_cp",
     ]

@@ -13,7 +13,7 @@ verl_cppack: exact, loop-free sequence packing (THD) and context-parallel slicin
   ppo           PPO through verl's own trainer with a Megatron critic, all three at CP=2
   ref-logprobs  reference log-probs through verl's Megatron engine at CP=2
   verify-cp     check that CP=N equals CP=1 (log-probs, entropy, gradients) in gloo processes
-  verify-gpu    the GPU acceptance checks (TE's zigzag index, CUDA = CPU, host syncs, bench, verify-cp)
+  verify-gpu    the GPU acceptance checks (TE's zigzag index, CUDA = CPU, host syncs, bad input, bench, verify-cp)
   doctor        versions, the verl API generation, where the patch and the CPU fixes are applied
   bench         verl's own packing functions against verl_cppack's drop-ins
   demo          the worked example: packing and CP slicing of three sequences

@@ -7,8 +7,11 @@
    masks on the GPU give the CPU's results exactly, for int64, bool, bf16 and fp32 with trailing dimensions;
 3. ``host_syncs``: device-to-host synchronisations counted with ``torch.cuda.set_sync_debug_mode("warn")`` while a
    micro-batch is planned, packed (inputs, labels, a mask) and unpacked: the plan may sync once, a reuse never;
-4. ``bench``: ``verl-cppack bench --device cuda --quick`` on one CP size per available GPU (its ``results.json``);
-5. ``verify_cp``: ``verl-cppack verify-cp --cp 2`` (CP=2 against CP=1 through verl's engine forward; it runs its
+4. ``bad_input_errors``: masks with a 2, a -1, floats, no valid token or one dimension, a tensor of another batch,
+   one on another device and a local output of the wrong length, all on the GPU: each a ``ValueError``/``TypeError``,
+   never a device-side assertion (the device still works afterwards: a round trip equals its input);
+5. ``bench``: ``verl-cppack bench --device cuda --quick`` on one CP size per available GPU (its ``results.json``);
+6. ``verify_cp``: ``verl-cppack verify-cp --cp 2`` (CP=2 against CP=1 through verl's engine forward; it runs its
    gloo ranks where that command puts them) and its JSON report.
 
 Writes ``--output`` (default ``verify_gpu.json``). Exit status: 0 every check passed or was skipped, 1 a check
@@ -30,7 +33,9 @@ from typing import Any
 import torch
 
 ZIGZAG_CASES = 64  # random offset tables per CP size
-SYNC_WARNING = "synchroniz"  # the text of torch's warning for a synchronizing CUDA operation
+# torch's warning for each synchronizing CUDA operation; not its one-time notice that the debug mode "does not yet
+# detect all synchronizing operations" (which the first counted step of a process also receives)
+SYNC_WARNING = "called a synchronizing CUDA operation"
 RunCommand = Callable[[Sequence[str], float], subprocess.CompletedProcess]
 
 
@@ -165,6 +170,49 @@ def check_host_syncs(device: torch.device, counter: Callable[..., int | None] = 
     return {"ok": all(counts[k] <= limits[k] for k in limits), "counts": counts, "limits": limits}
 
 
+def _bad_inputs(device: torch.device) -> dict[str, Callable[[], Any]]:
+    """Calls on ``device`` tensors that must raise ``ValueError``/``TypeError`` before any work."""
+    from verl_cppack import plan_from_mask
+
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]], device=device)
+    plan = plan_from_mask(mask)
+    cases: dict[str, Callable[[], Any]] = {
+        "mask holding a 2": lambda: plan_from_mask(torch.tensor([[1, 2, 0]], device=device)),
+        "mask holding a -1": lambda: plan_from_mask(torch.tensor([[1, -1, 0]], device=device)),
+        "float mask": lambda: plan_from_mask(torch.ones(2, 3, device=device)),
+        "mask with no valid token": lambda: plan_from_mask(torch.zeros(2, 3, dtype=torch.bool, device=device)),
+        "1-D mask": lambda: plan_from_mask(torch.ones(4, dtype=torch.bool, device=device)),
+        "tensor of another batch": lambda: plan.pack(torch.ones(2, 5, device=device)),
+        "local output of the wrong length": lambda: plan.unpack(torch.ones(1, plan.local_length - 1, device=device)),
+    }
+    if device.type != "cpu":
+        cases["tensor on the CPU"] = lambda: plan.pack(torch.ones(2, 4))
+    return cases
+
+
+def check_bad_input_errors(device: torch.device, cases: dict[str, Callable[[], Any]] | None = None) -> dict[str, Any]:
+    """Each bad input a Python ``ValueError``/``TypeError`` on ``device``, and the device still sound afterwards."""
+    from verl_cppack import plan_from_mask
+
+    raised: dict[str, str] = {}
+    for name, call in (cases if cases is not None else _bad_inputs(device)).items():
+        try:
+            call()
+            raised[name] = "nothing"
+        except (ValueError, TypeError) as error:
+            raised[name] = type(error).__name__
+        except Exception as error:  # noqa: BLE001 - any other exception is what the check reports
+            raised[name] = f"{type(error).__name__}: {error}"[:300]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # a device-side assertion would surface here
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    values = torch.arange(1.0, 13.0).view(3, 4)
+    plan = plan_from_mask(mask.to(device))
+    sound = torch.equal(plan.unpack(plan.pack(values.to(device))).cpu(), values * mask)  # padding comes back zero
+    errors_only = all(kind in ("ValueError", "TypeError") for kind in raised.values())
+    return {"ok": errors_only and sound, "raised": raised, "device_sound_afterwards": sound}
+
+
 def _run(command: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess:
     return subprocess.run(list(command), capture_output=True, text=True, timeout=timeout_s)
 
@@ -222,6 +270,7 @@ def collect(
         "zigzag_vs_transformer_engine": lambda: check_zigzag(device, partitioned_indices),
         "cuda_equals_cpu": lambda: check_cuda_equals_cpu(device),
         "host_syncs": lambda: check_host_syncs(device, counter),
+        "bad_input_errors": lambda: check_bad_input_errors(device),
         "bench": lambda: run_bench(folder / "bench", gpus, run_command),
         "verify_cp": lambda: run_verify_cp(folder, run_command),
     }
@@ -271,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "verify-gpu",
-        help="the GPU acceptance checks (TE zigzag, CUDA = CPU, host syncs, bench, verify-cp) into one JSON",
+        help="the GPU acceptance checks (TE zigzag, CUDA = CPU, host syncs, bad input, bench, verify-cp) into one JSON",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

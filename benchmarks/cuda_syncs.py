@@ -1,0 +1,140 @@
+"""Host syncs counted by CUDA itself, verl's functions against the drop-ins, with every result checked equal.
+
+The bench counts syncs from the ops dispatched (ops that sync on an accelerator, boolean-mask indexing, ``tolist``,
+our host read). This script counts what the device reports: ``torch.cuda.set_sync_debug_mode("warn")`` warns on each
+synchronizing CUDA operation PyTorch makes (``verify_gpu.count_host_syncs``). Per point, on new rollout batches (the
+first of each point untimed and uncounted), in one process per CP rank joined by gloo — so CP=2 runs on one GPU too,
+both ranks on ``cuda:0`` —, each contender runs the bench's unit (three ``preprocess_packed_seqs`` calls: ids,
+labels, label mask; two ``postprocess_packed_seqs`` calls: log-probs and entropy) and its preprocess and postprocess
+syncs are counted apart. The drop-ins' packed stream, ``PackedSeqParams`` offsets and gathered outputs must equal
+verl's exactly, on every rank, or the script ends with an error. The all-gather's own waits inside gloo are not
+PyTorch's and are not counted (over NCCL there are none on the host).
+
+Usage: ``python benchmarks/cuda_syncs.py [--cp-sizes 1,2] [--batch-sizes 1,4,16,64] [--seq-lens 1024,8192]
+[--output cuda_syncs.json]``. Without CUDA it exits 2 with one ``error:`` line (``--device cpu`` runs the equality
+checks alone, syncs uncounted: how the test suite runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from verl_cppack.runtime.gloo_world import run_world
+
+PARAMS_FIELDS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "max_seqlen_q")
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"every size must be >= 1, got {text!r}")
+    return sizes
+
+
+def _differences(theirs: tuple, ours: tuple) -> list[str]:
+    """Where the drop-ins' ``(packed, params, outputs)`` differ from verl's (device, dtype or any value)."""
+    found = []
+    (packed_v, params_v, outputs_v), (packed_o, params_o, outputs_o) = theirs, ours
+    if packed_o.device != packed_v.device or packed_o.dtype != packed_v.dtype or not torch.equal(packed_v, packed_o):
+        found.append("packed input_ids")
+    for field in PARAMS_FIELDS:
+        a, b = getattr(params_v, field), getattr(params_o, field)
+        same = torch.equal(a.cpu(), b.cpu()) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
+        if not same:
+            found.append(f"PackedSeqParams.{field}")
+    for index, (v, o) in enumerate(zip(outputs_v, outputs_o, strict=True)):
+        if o.device != v.device or o.dtype != v.dtype or not torch.equal(v, o):
+            found.append(f"gathered output {index}")
+    return found
+
+
+def _rank(rank: int, cp_size: int, device_type: str, batch_sizes, seq_lens) -> list[dict]:
+    from megatron.core import parallel_state
+    from verl.models.mcore import util as verl_util
+
+    from verl_cppack.bench.batches import batch_seed, micro_batch
+    from verl_cppack.bench.measure import UtilFunctions, model_outputs
+    from verl_cppack.cli.verify_gpu import count_host_syncs
+    from verl_cppack.integrations import verl as ours
+
+    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+    def counted(step) -> int | None:
+        syncs = count_host_syncs(step, device)
+        if syncs is None:  # not countable here: run it all the same
+            step()
+        return syncs
+
+    parallel_state.initialize_model_parallel(context_parallel_size=cp_size)
+    rows = []
+    try:
+        for seq_len in seq_lens:
+            for batch_size in batch_sizes:
+                row: dict = {"cp_size": cp_size, "seq_len": seq_len, "batch_size": batch_size}
+                for index in range(2):  # the first batch of a point warms up; the second is counted
+                    seed = batch_seed(batch_size, seq_len, 1000 + index)
+                    batch = micro_batch(batch_size, seq_len, seed=seed, device=device.type)
+                    results = {}
+                    for name, module in (("verl", verl_util), ("verl_cppack", ours)):
+                        unit, mine, made = UtilFunctions(module), batch.clone(), {}  # each its own tensors
+                        pre = counted(lambda: made.update(pre=unit.preprocess(mine, None)))
+                        packed, params = made["pre"]
+                        outputs = model_outputs(packed)
+                        post = counted(lambda: made.update(post=unit.postprocess(mine, params, outputs)))
+                        results[name] = (packed, params, made["post"])
+                        row[name] = {"preprocess_syncs": pre, "postprocess_syncs": post}
+                    differences = _differences(results["verl"], results["verl_cppack"])
+                    if differences:
+                        raise AssertionError(
+                            f"rank {rank}, B={batch_size} S={seq_len}: differ from verl's: {differences}"
+                        )
+                rows.append(row)
+    finally:
+        parallel_state.destroy_model_parallel()
+    return rows if rank == 0 else []
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cp-sizes", type=_sizes, default=(1, 2))
+    parser.add_argument("--batch-sizes", type=_sizes, default=(1, 4, 16, 64))
+    parser.add_argument("--seq-lens", type=_sizes, default=(1024, 8192))
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--output", default="cuda_syncs.json")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "error: cuda_syncs.py counts CUDA's own syncs and needs a CUDA GPU (--device cpu checks equality alone)",
+            file=sys.stderr,
+        )
+        return 2
+    rows = []
+    for cp_size in args.cp_sizes:
+        [cp_rows, *_] = run_world(_rank, cp_size, args.device, args.batch_sizes, args.seq_lens, backend="gloo")
+        rows.extend(cp_rows)
+    print("| CP | S | B | verl syncs pre / post | verl_cppack syncs pre / post |\n|---|---|---|---|---|")
+    for row in rows:
+        v, o = row["verl"], row["verl_cppack"]
+        print(
+            f"| {row['cp_size']} | {row['seq_len']} | {row['batch_size']} | {v['preprocess_syncs']} / "
+            f"{v['postprocess_syncs']} | {o['preprocess_syncs']} / {o['postprocess_syncs']} |"
+        )
+    with open(args.output, "w") as file:
+        json.dump(
+            {"device": args.device, "torch": torch.__version__, "all_equal_to_verl": True, "rows": rows}, file, indent=1
+        )
+    print(f"every result equal to verl's; wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
