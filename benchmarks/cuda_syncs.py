@@ -6,12 +6,14 @@ synchronizing CUDA operation PyTorch makes (``verify_gpu.count_host_syncs``). Pe
 first of each point untimed and uncounted), in one process per CP rank joined by gloo — so CP=2 runs on one GPU too,
 both ranks on ``cuda:0`` —, each contender runs the bench's unit (three ``preprocess_packed_seqs`` calls: ids,
 labels, label mask; two ``postprocess_packed_seqs`` calls: log-probs and entropy) and its preprocess and postprocess
-syncs are counted apart. The drop-ins' packed stream, ``PackedSeqParams`` offsets and gathered outputs must equal
-verl's exactly, on every rank, or the script ends with an error. The all-gather's own waits inside gloo are not
+syncs are counted apart; ``--functions engine`` runs the engine path's unit instead (three ``preprocess_thd_engine``
+calls: ids, labels verl rolls, temperatures; two ``postprocess_thd_engine`` calls back to jagged tensors). The
+drop-ins' packed ids, ``PackedSeqParams`` offsets and gathered outputs must equal verl's exactly, on every rank, or the
+script ends with an error. The all-gather's own waits inside gloo are not
 PyTorch's and are not counted (over NCCL there are none on the host).
 
-Usage: ``python benchmarks/cuda_syncs.py [--cp-sizes 1,2] [--batch-sizes 1,4,16,64] [--seq-lens 1024,8192]
-[--output cuda_syncs.json]``. Without CUDA it exits 2 with one ``error:`` line (``--device cpu`` runs the equality
+Usage: ``python benchmarks/cuda_syncs.py [--functions legacy|engine] [--cp-sizes 1,2] [--batch-sizes 1,4,16,64]
+[--seq-lens 1024,8192] [--output cuda_syncs.json]``. Without CUDA it exits 2 with one ``error:`` line (``--device cpu`` runs the equality
 checks alone, syncs uncounted: how the test suite runs it).
 """
 
@@ -50,17 +52,21 @@ def _differences(theirs: tuple, ours: tuple) -> list[str]:
         if not same:
             found.append(f"PackedSeqParams.{field}")
     for index, (v, o) in enumerate(zip(outputs_v, outputs_o, strict=True)):
-        if o.device != v.device or o.dtype != v.dtype or not torch.equal(v, o):
+        if o.is_nested != v.is_nested:
+            found.append(f"gathered output {index}")
+            continue
+        parts = [(v.values(), o.values()), (v.offsets(), o.offsets())] if v.is_nested else [(v, o)]
+        if any(b.device != a.device or b.dtype != a.dtype or not torch.equal(a, b) for a, b in parts):
             found.append(f"gathered output {index}")
     return found
 
 
-def _rank(rank: int, cp_size: int, device_type: str, batch_sizes, seq_lens) -> list[dict]:
+def _rank(rank: int, cp_size: int, device_type: str, batch_sizes, seq_lens, functions: str) -> list[dict]:
     from megatron.core import parallel_state
     from verl.models.mcore import util as verl_util
 
-    from verl_cppack.bench.batches import batch_seed, micro_batch
-    from verl_cppack.bench.measure import UtilFunctions, model_outputs
+    from verl_cppack.bench.batches import EngineMicroBatch, batch_seed, micro_batch
+    from verl_cppack.bench.measure import EngineFunctions, UtilFunctions, model_outputs
     from verl_cppack.cli.verify_gpu import count_host_syncs
     from verl_cppack.integrations import verl as ours
 
@@ -79,13 +85,15 @@ def _rank(rank: int, cp_size: int, device_type: str, batch_sizes, seq_lens) -> l
     try:
         for seq_len in seq_lens:
             for batch_size in batch_sizes:
-                row: dict = {"cp_size": cp_size, "seq_len": seq_len, "batch_size": batch_size}
+                row: dict = {"functions": functions, "cp_size": cp_size, "seq_len": seq_len, "batch_size": batch_size}
                 for index in range(2):  # the first batch of a point warms up; the second is counted
                     seed = batch_seed(batch_size, seq_len, 1000 + index)
                     batch = micro_batch(batch_size, seq_len, seed=seed, device=device.type)
+                    batch = EngineMicroBatch.of(batch) if functions == "engine" else batch
                     results = {}
                     for name, module in (("verl", verl_util), ("verl_cppack", ours)):
-                        unit, mine, made = UtilFunctions(module), batch.clone(), {}  # each its own tensors
+                        unit = EngineFunctions(module) if functions == "engine" else UtilFunctions(module)
+                        mine, made = batch.clone(), {}  # each its own tensors
                         pre = counted(lambda: made.update(pre=unit.preprocess(mine, None)))
                         packed, params = made["pre"]
                         outputs = model_outputs(packed)
@@ -105,6 +113,7 @@ def _rank(rank: int, cp_size: int, device_type: str, batch_sizes, seq_lens) -> l
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--functions", choices=("legacy", "engine"), default="legacy")
     parser.add_argument("--cp-sizes", type=_sizes, default=(1, 2))
     parser.add_argument("--batch-sizes", type=_sizes, default=(1, 4, 16, 64))
     parser.add_argument("--seq-lens", type=_sizes, default=(1024, 8192))
@@ -119,8 +128,8 @@ def main() -> int:
         return 2
     rows = []
     for cp_size in args.cp_sizes:
-        [cp_rows, *_] = run_world(_rank, cp_size, args.device, args.batch_sizes, args.seq_lens, backend="gloo")
-        rows.extend(cp_rows)
+        world = run_world(_rank, cp_size, args.device, args.batch_sizes, args.seq_lens, args.functions, backend="gloo")
+        rows.extend(world[0])
     print("| CP | S | B | verl syncs pre / post | verl_cppack syncs pre / post |\n|---|---|---|---|---|")
     for row in rows:
         v, o = row["verl"], row["verl_cppack"]
@@ -130,7 +139,15 @@ def main() -> int:
         )
     with open(args.output, "w") as file:
         json.dump(
-            {"device": args.device, "torch": torch.__version__, "all_equal_to_verl": True, "rows": rows}, file, indent=1
+            {
+                "functions": args.functions,
+                "device": args.device,
+                "torch": torch.__version__,
+                "all_equal_to_verl": True,
+                "rows": rows,
+            },
+            file,
+            indent=1,
         )
     print(f"every result equal to verl's; wrote {args.output}")
     return 0

@@ -49,6 +49,17 @@ def test_every_kind_of_difference_from_verl_is_found():
     changed = [torch.ones(2, 4), torch.zeros(2, 4, dtype=torch.float64)]
     assert differences(_result(), _result(outputs=changed)) == ["gathered output 1"]
 
+    def jagged(values, offsets):
+        return torch.nested.nested_tensor_from_jagged(torch.tensor(values), offsets=torch.tensor(offsets))
+
+    engine = [jagged([1.0, 2.0, 3.0], [0, 1, 3]), jagged([4.0, 5.0, 6.0], [0, 1, 3])]
+    assert differences(_result(outputs=engine), _result(outputs=list(engine))) == []
+    other_values = [engine[0], jagged([4.0, 5.0, 7.0], [0, 1, 3])]
+    other_offsets = [jagged([1.0, 2.0, 3.0], [0, 2, 3]), engine[1]]
+    assert differences(_result(outputs=engine), _result(outputs=other_values)) == ["gathered output 1"]
+    assert differences(_result(outputs=engine), _result(outputs=other_offsets)) == ["gathered output 0"]
+    assert differences(_result(outputs=engine), _result(outputs=[torch.ones(3), engine[1]])) == ["gathered output 0"]
+
 
 @pytest.mark.slow
 def test_without_cuda_it_exits_2_with_one_error_line():
@@ -60,13 +71,15 @@ def test_without_cuda_it_exits_2_with_one_error_line():
 
 
 @pytest.mark.slow
-def test_on_the_cpu_the_drop_ins_equal_verl_at_cp_1_and_2(tmp_path):
+@pytest.mark.parametrize("functions", ["legacy", "engine"])
+def test_on_the_cpu_the_drop_ins_equal_verl_at_cp_1_and_2(functions, tmp_path):
     output = tmp_path / "syncs.json"
-    command = [sys.executable, str(SCRIPT), "--device", "cpu", "--batch-sizes", "1,3", "--seq-lens", "64"]
+    command = [sys.executable, str(SCRIPT), "--device", "cpu", "--functions", functions, "--batch-sizes", "1,3"]
+    command += ["--seq-lens", "64"]
     result = subprocess.run([*command, "--output", str(output)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(output.read_text())
-    assert report["all_equal_to_verl"] is True
+    assert report["all_equal_to_verl"] is True and report["functions"] == functions
     assert [(r["cp_size"], r["batch_size"]) for r in report["rows"]] == [(1, 1), (1, 3), (2, 1), (2, 3)]
     assert all(r["verl_cppack"]["preprocess_syncs"] is None for r in report["rows"])  # not countable on a CPU
 
