@@ -46,3 +46,13 @@ def test_the_rollout_batch_has_left_padded_prompts_right_padded_responses_and_a_
     assert (response.int().diff(dim=1) <= 0).all()  # right padding
     assert prompt[:, -1].all() and response[:, 0].all()
     assert mask[0].sum() == 2
+
+
+def test_a_stand_in_verl_module_without_a_spec_means_no_verl_forward(monkeypatch):
+    """``find_spec("verl")`` raises ``ValueError`` when a ``verl`` module without a spec was imported (a stand-in, as a
+    measuring shim makes); ``auto`` then runs verl_cppack's forward instead of crashing."""
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "verl", types.ModuleType("verl"))
+    assert verl_forward_available() is False

@@ -54,7 +54,10 @@ def rollout_batch(
 # ---------------------------------------------------------------------------------------- forwards
 def verl_forward_available() -> bool:
     """verl installed and verl_cppack's ``install()`` importable (verl itself is imported only in the workers)."""
-    if importlib.util.find_spec("verl") is None:
+    try:
+        if importlib.util.find_spec("verl") is None:
+            return False
+    except ValueError:  # a ``verl`` module already imported without a spec (a stand-in): not verl's package
         return False
     try:
         from verl_cppack.integrations import verl as cppack_verl
