@@ -22,22 +22,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
+from verl_cppack.bench.settings import check_grid, int_list
 from verl_cppack.runtime.gloo_world import run_world
 
 PARAMS_FIELDS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "max_seqlen_q")
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"every size must be >= 1, got {text!r}")
-    return sizes
+def _refuse(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def _differences(theirs: tuple, ours: tuple) -> list[str]:
@@ -114,21 +111,29 @@ def _rank(rank: int, cp_size: int, device_type: str, batch_sizes, seq_lens, func
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--functions", choices=("legacy", "engine"), default="legacy")
-    parser.add_argument("--cp-sizes", type=_sizes, default=(1, 2))
-    parser.add_argument("--batch-sizes", type=_sizes, default=(1, 4, 16, 64))
-    parser.add_argument("--seq-lens", type=_sizes, default=(1024, 8192))
+    parser.add_argument("--cp-sizes", default="1,2")
+    parser.add_argument("--batch-sizes", default="1,4,16,64")
+    parser.add_argument("--seq-lens", default="1024,8192")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--output", default="cuda_syncs.json")
     args = parser.parse_args()
+    try:
+        grid = {name: int_list(name, getattr(args, name)) for name in ("batch_sizes", "seq_lens", "cp_sizes")}
+        check_grid(**grid)
+    except ValueError as error:
+        return _refuse(str(error))
+    output = Path(args.output)
+    if output.is_dir() or not output.parent.is_dir():
+        return _refuse(f"--output {output} must name a file in an existing folder")
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(
-            "error: cuda_syncs.py counts CUDA's own syncs and needs a CUDA GPU (--device cpu checks equality alone)",
-            file=sys.stderr,
+        return _refuse(
+            "cuda_syncs.py counts CUDA's own syncs and needs a CUDA GPU (--device cpu checks equality alone)"
         )
-        return 2
     rows = []
-    for cp_size in args.cp_sizes:
-        world = run_world(_rank, cp_size, args.device, args.batch_sizes, args.seq_lens, args.functions, backend="gloo")
+    for cp_size in grid["cp_sizes"]:
+        world = run_world(
+            _rank, cp_size, args.device, grid["batch_sizes"], grid["seq_lens"], args.functions, backend="gloo"
+        )
         rows.extend(world[0])
     print("| CP | S | B | verl syncs pre / post | verl_cppack syncs pre / post |\n|---|---|---|---|---|")
     for row in rows:

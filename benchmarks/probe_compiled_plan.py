@@ -21,7 +21,6 @@ Before timing, every compiled result is checked equal to the drop-in's (packed i
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ import torch
 
 from verl_cppack.bench.batches import micro_batch
 from verl_cppack.bench.host_allocator import keep_freed_memory
+from verl_cppack.bench.settings import parse_point
 from verl_cppack.runtime.gloo_world import run_world
 
 try:
@@ -167,16 +167,7 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--seq-len", type=int, default=8192)
-    parser.add_argument("--cp", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=150)
-    args = parser.parse_args()
-    for name in ("batch_size", "seq_len", "cp", "repeats"):
-        if getattr(args, name) < 1:
-            print(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
-            sys.exit(2)
+    args = parse_point(__doc__.splitlines()[0], cp=2, repeats=150)
     if numba is None:
         print("error: this probe needs numba (pip install numba; vLLM installs it)", file=sys.stderr)
         sys.exit(2)

@@ -16,7 +16,6 @@ It prints a table and asserts nothing (this is not a test).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -25,6 +24,7 @@ import torch.distributed as dist
 
 from verl_cppack.bench.batches import micro_batch
 from verl_cppack.bench.host_allocator import keep_freed_memory
+from verl_cppack.bench.settings import parse_point
 from verl_cppack.runtime.gloo_world import run_world
 
 PARTS = (
@@ -152,20 +152,8 @@ def _first_calls_after_a_wait(modules: dict, batch_size: int, seq_len: int, repe
     return {name: [statistics.median(timing) for timing in cases] for name, cases in timings.items()}
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-size", type=_positive, default=1)
-    parser.add_argument("--seq-len", type=_positive, default=8192)
-    parser.add_argument("--cp", type=_positive, default=1)
-    parser.add_argument("--repeats", type=_positive, default=200)
-    args = parser.parse_args()
+    args = parse_point(__doc__.splitlines()[0], cp=1, repeats=200)
     torch.set_num_threads(1)
     result = run_world(_rank, args.cp, (args.batch_size, args.seq_len, args.repeats), torch_threads=1)[0]
     ours, verl = result["ours"], result["verl"]

@@ -22,19 +22,19 @@ from pathlib import Path
 
 import torch
 
+from verl_cppack.bench.settings import require_sizes
 from verl_cppack.runtime.gloo_world import run_world
 
 WARMUP = 5
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+# the profiler table's sort keys (``key_averages().table(sort_by=...)``) offered here
+SORT_KEYS = ("self_device_time_total", "device_time_total", "self_cpu_time_total", "cpu_time_total", "count")
+
+
+def _refuse(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def _rank(rank: int, world_size: int, args: argparse.Namespace) -> dict[str, str]:
@@ -76,7 +76,7 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace) -> dict[str, str
             with profile(activities=activities) as profiled:
                 for batch in batches:
                     unit(contender, batch)
-            sort = args.sort or ("self_cuda_time_total" if cuda else "self_cpu_time_total")
+            sort = args.sort or ("self_device_time_total" if cuda else "self_cpu_time_total")
             tables[name] = profiled.key_averages().table(sort_by=sort, row_limit=args.rows)
             if args.trace:
                 profiled.export_chrome_trace(str(Path(args.trace) / f"{name}_{args.functions}.json"))
@@ -89,19 +89,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--functions", choices=("legacy", "engine"), default="legacy")
-    parser.add_argument("--batch-size", type=_positive, default=1)
-    parser.add_argument("--seq-len", type=_positive, default=8192)
-    parser.add_argument("--repeats", type=_positive, default=20)
-    parser.add_argument("--rows", type=_positive, default=25)
-    parser.add_argument("--sort", default=None, help="a key_averages column (default: the device's self time)")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--seq-len", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rows", type=int, default=25)
+    parser.add_argument(
+        "--sort", choices=SORT_KEYS, default=None, help="the table's order (default: the device's self time)"
+    )
     parser.add_argument("--trace", default=None, help="a directory for each implementation's Chrome trace")
     args = parser.parse_args()
+    try:
+        require_sizes(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats, rows=args.rows)
+    except ValueError as error:
+        return _refuse(str(error))
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(
-            "error: --device cuda needs a CUDA GPU (torch.cuda.is_available() is False); use --device cpu",
-            file=sys.stderr,
-        )
-        return 2
+        return _refuse("--device cuda needs a CUDA GPU (torch.cuda.is_available() is False); use --device cpu")
+    if args.sort and "device" in args.sort and args.device != "cuda":
+        return _refuse(f"--sort {args.sort} needs --device cuda (the CPU has no device time)")
+    if args.trace and Path(args.trace).exists() and not Path(args.trace).is_dir():
+        return _refuse(f"--trace {args.trace} is a file; give a folder for the traces")
     if args.trace:
         Path(args.trace).mkdir(parents=True, exist_ok=True)
     backend = "nccl" if args.device == "cuda" else "gloo"

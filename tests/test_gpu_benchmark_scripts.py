@@ -18,15 +18,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cuda_syncs.py"
-PROFILE = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_unit.py"
+from tests.benchmark_scripts import BENCHMARKS, load_script
+
+SCRIPT = BENCHMARKS / "cuda_syncs.py"
+PROFILE = BENCHMARKS / "profile_unit.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("cuda_syncs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("cuda_syncs")
 
 
 def _result(packed=None, outputs=None, **fields):
@@ -59,6 +58,36 @@ def test_every_kind_of_difference_from_verl_is_found():
     assert differences(_result(outputs=engine), _result(outputs=other_values)) == ["gathered output 1"]
     assert differences(_result(outputs=engine), _result(outputs=other_offsets)) == ["gathered output 0"]
     assert differences(_result(outputs=engine), _result(outputs=[torch.ones(3), engine[1]])) == ["gathered output 0"]
+
+
+@pytest.mark.parametrize(
+    "script, argv, message",
+    [
+        ("cuda_syncs", ["--batch-sizes", "1,x"], "--batch-sizes takes comma-separated integers like 1,2,4; got '1,x'"),
+        ("cuda_syncs", ["--seq-lens", "1"], "seq_lens must be >= 2 (a prompt half and a response half), got [1]"),
+        ("cuda_syncs", ["--cp-sizes", "0"], "cp_sizes must be a non-empty tuple of positive ints, got (0,)"),
+        ("cuda_syncs", ["--output", "/no/such/folder/x.json"], "--output /no/such/folder/x.json must name a file in"),
+        ("profile_unit", ["--seq-len", "1"], "--seq-len must be >= 2, got 1"),
+        ("profile_unit", ["--rows", "0"], "--rows must be >= 1, got 0"),
+        ("profile_unit", ["--sort", "device_time_total"], "--sort device_time_total needs --device cuda"),
+    ],
+)
+def test_bad_arguments_get_one_error_line_and_exit_2_before_any_process(script, argv, message, monkeypatch, capsys):
+    module = load_script(script)
+    monkeypatch.setattr(module, "run_world", lambda *args, **kwargs: pytest.fail("a process was started"))
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--device", "cpu", *argv])
+    assert module.main() == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {message}")
+
+
+def test_a_trace_path_that_is_a_file_is_refused(monkeypatch, capsys, tmp_path):
+    module = load_script("profile_unit")
+    monkeypatch.setattr(module, "run_world", lambda *args, **kwargs: pytest.fail("a process was started"))
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setattr(sys, "argv", ["profile_unit.py", "--device", "cpu", "--trace", str(tmp_path / "a_file")])
+    assert module.main() == 2
+    assert capsys.readouterr().err == f"error: --trace {tmp_path / 'a_file'} is a file; give a folder for the traces\n"
 
 
 @pytest.mark.slow

@@ -4,21 +4,18 @@ probe checks that itself before it times anything; a build that differed would e
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_compiled_plan.py"
+from tests.benchmark_scripts import BENCHMARKS, load_script
+
+PROBE = BENCHMARKS / "probe_compiled_plan.py"
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("probe_compiled_plan", PROBE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("probe_compiled_plan")
 
 
 @pytest.mark.parametrize("flag", ["--batch-size", "--seq-len", "--cp", "--repeats"])
@@ -29,7 +26,18 @@ def test_bad_sizes_are_refused_before_any_process_starts(flag, monkeypatch, caps
     with pytest.raises(SystemExit) as exited:
         probe.main()
     assert exited.value.code == 2
-    assert capsys.readouterr().err.strip() == f"error: {flag} must be >= 1, got 0"
+    minimum = 2 if flag == "--seq-len" else 1  # a rollout batch has a prompt half and a response half
+    assert capsys.readouterr().err.strip() == f"error: {flag} must be >= {minimum}, got 0"
+
+
+def test_a_sequence_too_short_for_a_rollout_batch_is_refused(monkeypatch, capsys):
+    probe = _probe()
+    monkeypatch.setattr(probe, "run_world", lambda *args, **kwargs: pytest.fail("a process was started"))
+    monkeypatch.setattr(sys, "argv", ["probe_compiled_plan.py", "--seq-len", "1"])
+    with pytest.raises(SystemExit) as exited:
+        probe.main()
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: --seq-len must be >= 2, got 1"
 
 
 @pytest.mark.slow  # a subprocess with gloo processes and a numba compilation

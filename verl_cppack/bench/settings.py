@@ -2,14 +2,65 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
 
 import torch
 
 
-def _require_count(name: str, value: object, minimum: int) -> None:
+def require_count(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+MIN_SEQ_LEN = 2  # a rollout batch (``bench.batches``) has a prompt half and a response half
+
+
+def check_grid(batch_sizes: tuple[int, ...], seq_lens: tuple[int, ...], cp_sizes: tuple[int, ...]) -> None:
+    """Micro-batch shapes the rollout batches (``bench.batches``) can be made at: positive sizes, S >= 2."""
+    for name, values in (("batch_sizes", batch_sizes), ("seq_lens", seq_lens), ("cp_sizes", cp_sizes)):
+        if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+            raise ValueError(f"{name} must be a non-empty tuple of positive ints, got {values!r}")
+    odd = [s for s in seq_lens if s < MIN_SEQ_LEN]
+    if odd:
+        raise ValueError(f"seq_lens must be >= {MIN_SEQ_LEN} (a prompt half and a response half), got {odd}")
+
+
+def require_sizes(**options: int) -> None:
+    """Sizes a benchmark script takes one of each (``batch_size=1, seq_len=8192, repeats=20``): every one >= 1 and a
+    ``seq_len`` >= ``MIN_SEQ_LEN``; the error names the option as typed (``--seq-len``)."""
+    for name, value in options.items():
+        minimum = MIN_SEQ_LEN if name == "seq_len" else 1
+        if value < minimum:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
+def parse_point(description: str, *, cp: int, repeats: int) -> argparse.Namespace:
+    """The command line of a script that measures one point (``--batch-size``, ``--seq-len``, ``--cp``,
+    ``--repeats``; ``cp`` and ``repeats`` its defaults), checked: bad sizes are one ``error:`` line and exit 2."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--seq-len", type=int, default=8192)
+    parser.add_argument("--cp", type=int, default=cp)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    args = parser.parse_args()
+    try:
+        require_sizes(batch_size=args.batch_size, seq_len=args.seq_len, cp=args.cp, repeats=args.repeats)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    return args
+
+
+def int_list(name: str, text: str) -> tuple[int, ...]:
+    """A comma-separated option value (``--batch-sizes 1,4``) as ints; ``name`` is the option's attribute name."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(
+            f"--{name.replace('_', '-')} takes comma-separated integers like 1,2,4; got {text!r}"
+        ) from None
 
 
 FUNCTIONS = ("legacy", "engine")
@@ -38,17 +89,11 @@ class BenchSettings:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.functions not in FUNCTIONS:
             raise ValueError(f"functions must be one of {FUNCTIONS}, got {self.functions!r}")
-        _require_count("repeats", self.repeats, 1)
-        _require_count("runs", self.runs, 1)
-        _require_count("warmup", self.warmup, 0)
-        _require_count("threads", self.threads, 1)
-        for name in ("batch_sizes", "seq_lens", "cp_sizes"):
-            values = getattr(self, name)
-            if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-                raise ValueError(f"{name} must be a non-empty tuple of positive ints, got {values!r}")
-        odd = [s for s in self.seq_lens if s < 2]
-        if odd:
-            raise ValueError(f"seq_lens must be >= 2 (a prompt half and a response half), got {odd}")
+        require_count("repeats", self.repeats, 1)
+        require_count("runs", self.runs, 1)
+        require_count("warmup", self.warmup, 0)
+        require_count("threads", self.threads, 1)
+        check_grid(self.batch_sizes, self.seq_lens, self.cp_sizes)
         if self.device == "cuda":
             available = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if available < max(self.cp_sizes):

@@ -20,7 +20,7 @@ from verl_cppack.bench.report import (
     update_generated_section,
     write_outputs,
 )
-from verl_cppack.bench.settings import FUNCTIONS, BenchSettings
+from verl_cppack.bench.settings import FUNCTIONS, BenchSettings, int_list
 from verl_cppack.bench.targets import missed_targets
 from verl_cppack.bench.vlm_masks import vlm_table
 
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for name in ("batch_sizes", "seq_lens", "cp_sizes"):
             if getattr(args, name) is not None:
-                settings = dataclasses.replace(settings, **{name: _int_list(name, getattr(args, name))})
+                settings = dataclasses.replace(settings, **{name: int_list(name, getattr(args, name))})
         settings.check()
         if args.update_docs:
             generated_section_text(Path(args.doc), args.functions)  # before minutes of measuring, not after
@@ -96,15 +96,6 @@ def output_folder(args: argparse.Namespace) -> Path:
         return Path("bench_out")
     folder = Path(args.doc).parent / "benchmarks"
     return folder / "engine" if args.functions == "engine" else folder
-
-
-def _int_list(name: str, text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise ValueError(
-            f"--{name.replace('_', '-')} takes comma-separated integers like 1,2,4; got {text!r}"
-        ) from None
 
 
 def _joined(values: tuple[int, ...]) -> str:
