@@ -9,6 +9,7 @@ from tests.op_counts import ops_without_fills
 from verl_cppack import ParallelContext, plan_from_mask, plan_from_nested
 from verl_cppack.bench.batches import rollout_batch
 from verl_cppack.bench.counters import HostReadCounter, OpCounter
+from verl_cppack.packing.mask_rows import MaskRows
 
 COPIES = 5  # three packs, two unpacks
 
@@ -57,6 +58,21 @@ def test_nested_plan_is_flat_and_syncs_once():
     (ops_small, syncs_small), (ops_large, syncs_large) = run(4), run(300)
     assert ops_without_fills(ops_small, 2) == ops_without_fills(ops_large, 2)
     assert syncs_small == syncs_large == 1
+
+
+def test_the_device_scan_reads_its_statistics_as_one_tensor():
+    """Where an accelerator holds the mask, each row's count, first and last token are three tensor ops, stacked and
+    read in one copy: no concatenation, no conversion, nothing per row (run here on CPU tensors)."""
+    _, mask = rollout_batch(16, 64)
+    MaskRows.scan_cpu_masks_on_host = False
+    try:
+        with OpCounter() as counter, HostReadCounter() as reads:
+            counts, first, last = MaskRows(mask).scan()
+    finally:
+        MaskRows.scan_cpu_masks_on_host = True
+    assert counts.tolist() == mask.sum(1).tolist() and reads.calls == 1
+    assert counter.ops["aten.stack"] == 1 and "aten.cat" not in counter.ops and "aten._to_copy" not in counter.ops
+    assert counter.total_ops <= 9, dict(counter.ops)
 
 
 def test_the_counter_detects_a_sync():

@@ -18,10 +18,10 @@ def read_to_host(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
 
     On the CPU these are views of the tensors where their dtype is int64 (no copy); on an accelerator the
     tensors travel as one buffer in one copy (``read_as_one_buffer``), which waits for the device (the sync
-    every plan pays once).
+    every plan pays once); one int64 tensor costs no op beyond that copy.
     """
     if all(tensor.device.type == "cpu" for tensor in tensors):
-        return tuple(tensor.detach().reshape(-1).long().numpy() for tensor in tensors)
+        return tuple(host_memory(tensor.long()).reshape(-1) for tensor in tensors)
     return read_as_one_buffer(*tensors)
 
 
@@ -34,9 +34,9 @@ def host_memory(tensor: torch.Tensor) -> np.ndarray:
 
 def read_as_one_buffer(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
     """``read_to_host`` off the CPU: the tensors concatenated on their device, one copy, split on the host."""
-    flat = [tensor.detach().reshape(-1).long() for tensor in tensors]
-    buffer = torch.cat(flat).cpu().numpy()
-    return tuple(np.split(buffer, np.cumsum([t.numel() for t in flat])[:-1]))
+    flat = [tensor.long() for tensor in tensors]  # no op for int64 (which records no gradient)
+    one = flat[0] if len(flat) == 1 else torch.cat([tensor.reshape(-1) for tensor in flat])
+    return tuple(np.split(host_memory(one.cpu()).reshape(-1), np.cumsum([tensor.numel() for tensor in flat])[:-1]))
 
 
 def to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -49,12 +49,12 @@ class MaskRows:
             return counts.astype(np.int64), first, _last_columns(values)
         given = self._given
         as_int8 = self.mask.view(torch.int8)
-        stats = [as_int8.sum(dim=1, dtype=torch.int32), as_int8.argmax(dim=1), as_int8.flip(1).argmax(dim=1)]
+        stats = [as_int8.sum(dim=1, dtype=torch.int64), as_int8.argmax(dim=1), as_int8.flip(1).argmax(dim=1)]
         if given.dtype != torch.bool:
-            stats.append(((given != 0) & (given != 1)).sum())
-        counts, first, last_reversed, *bad = host.read_to_host(*stats)
+            stats.append(((given != 0) & (given != 1)).sum(dim=1))  # [B] bad entries; all [B], read as one [k, B]
+        counts, first, last_reversed, *bad = host.read_to_host(torch.stack(stats))[0].reshape(len(stats), -1)
         if bad:
-            _check_values(int(bad[0][0]))
+            _check_values(int(bad[0].sum()))
         return counts, first, (seq_len - 1) - last_reversed
 
     def token_positions(self, num_tokens: int) -> torch.Tensor:
