@@ -26,15 +26,10 @@ from pathlib import Path
 
 import torch
 
-from verl_cppack.bench.settings import check_grid, int_list
+from verl_cppack.bench.settings import check_grid, int_list, refuse
 from verl_cppack.runtime.gloo_world import run_world
 
 PARAMS_FIELDS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "max_seqlen_q")
-
-
-def _refuse(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 def _differences(theirs: tuple, ours: tuple) -> list[str]:
@@ -121,14 +116,12 @@ def main() -> int:
         grid = {name: int_list(name, getattr(args, name)) for name in ("batch_sizes", "seq_lens", "cp_sizes")}
         check_grid(**grid)
     except ValueError as error:
-        return _refuse(str(error))
+        return refuse(str(error))
     output = Path(args.output)
     if output.is_dir() or not output.parent.is_dir():
-        return _refuse(f"--output {output} must name a file in an existing folder")
+        return refuse(f"--output {output} must name a file in an existing folder")
     if args.device == "cuda" and not torch.cuda.is_available():
-        return _refuse(
-            "cuda_syncs.py counts CUDA's own syncs and needs a CUDA GPU (--device cpu checks equality alone)"
-        )
+        return refuse("cuda_syncs.py counts CUDA's own syncs and needs a CUDA GPU (--device cpu checks equality alone)")
     rows = []
     for cp_size in grid["cp_sizes"]:
         world = run_world(

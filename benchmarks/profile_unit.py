@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from verl_cppack.bench.settings import require_sizes
+from verl_cppack.bench.settings import refuse, require_sizes
 from verl_cppack.runtime.gloo_world import run_world
 
 WARMUP = 5
@@ -30,11 +30,6 @@ WARMUP = 5
 
 # the profiler table's sort keys (``key_averages().table(sort_by=...)``) offered here
 SORT_KEYS = ("self_device_time_total", "device_time_total", "self_cpu_time_total", "cpu_time_total", "count")
-
-
-def _refuse(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 def _rank(rank: int, world_size: int, args: argparse.Namespace) -> dict[str, str]:
@@ -101,13 +96,13 @@ def main() -> int:
     try:
         require_sizes(batch_size=args.batch_size, seq_len=args.seq_len, repeats=args.repeats, rows=args.rows)
     except ValueError as error:
-        return _refuse(str(error))
+        return refuse(str(error))
     if args.device == "cuda" and not torch.cuda.is_available():
-        return _refuse("--device cuda needs a CUDA GPU (torch.cuda.is_available() is False); use --device cpu")
+        return refuse("--device cuda needs a CUDA GPU (torch.cuda.is_available() is False); use --device cpu")
     if args.sort and "device" in args.sort and args.device != "cuda":
-        return _refuse(f"--sort {args.sort} needs --device cuda (the CPU has no device time)")
+        return refuse(f"--sort {args.sort} needs --device cuda (the CPU has no device time)")
     if args.trace and Path(args.trace).exists() and not Path(args.trace).is_dir():
-        return _refuse(f"--trace {args.trace} is a file; give a folder for the traces")
+        return refuse(f"--trace {args.trace} is a file; give a folder for the traces")
     if args.trace:
         Path(args.trace).mkdir(parents=True, exist_ok=True)
     backend = "nccl" if args.device == "cuda" else "gloo"

@@ -36,6 +36,12 @@ def require_sizes(**options: int) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
 
 
+def refuse(message: str) -> int:
+    """A benchmark script's bad argument: one ``error:`` line on stderr; returns the exit status, 2."""
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def parse_point(description: str, *, cp: int, repeats: int) -> argparse.Namespace:
     """The command line of a script that measures one point (``--batch-size``, ``--seq-len``, ``--cp``,
     ``--repeats``; ``cp`` and ``repeats`` its defaults), checked: bad sizes are one ``error:`` line and exit 2."""
@@ -48,8 +54,7 @@ def parse_point(description: str, *, cp: int, repeats: int) -> argparse.Namespac
     try:
         require_sizes(batch_size=args.batch_size, seq_len=args.seq_len, cp=args.cp, repeats=args.repeats)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(refuse(str(error)))
     return args
 
 
