@@ -85,6 +85,20 @@ def test_a_parallel_shape_reaches_every_megatron_model_and_verls_trainer(tmp_pat
     assert critic.ppo_micro_batch_size_per_gpu == ppo_settings.prompts_per_step * ppo_settings.group_size // 4 // 2
 
 
+@pytest.mark.parametrize("timeout", [0, -5.0, float("nan"), float("inf"), True, "60"])
+def test_a_step_timeout_that_is_not_a_positive_finite_number_of_seconds_is_refused(timeout):
+    with pytest.raises(ValueError, match="step timeout must be a positive, finite number of seconds"):
+        JobSettings(step_timeout_s=timeout)
+
+
+def test_the_step_timeout_flag_sets_the_jobs_wait_for_a_step():
+    from verl_cppack.cli import build_parser
+    from verl_cppack.cli.trainer_job import settings_from_args
+
+    assert settings_from_args(build_parser().parse_args(["grpo"])).step_timeout_s == 600.0
+    assert settings_from_args(build_parser().parse_args(["grpo", "--step-timeout", "45"])).step_timeout_s == 45.0
+
+
 @pytest.mark.slow  # each case runs the CLI in a subprocess (several seconds)
 @pytest.mark.parametrize(
     "arguments, message",
@@ -106,6 +120,8 @@ def test_a_parallel_shape_reaches_every_megatron_model_and_verls_trainer(tmp_pat
         (["--tp", "4"], "tp=4 does not divide the model's 2 attention heads and 2 key-value heads"),
         (["--dp", "3"], "dp=3 must divide the 32 responses of a mini-batch"),
         (["--prompts-per-step", "6"], "prompts_per_step (6) must be a multiple of 4"),
+        (["--step-timeout", "0"], "step timeout must be a positive, finite number of seconds, got 0.0"),
+        (["--step-timeout", "inf"], "step timeout must be a positive, finite number of seconds, got inf"),
     ],
 )
 def test_bad_input_is_one_error_line_and_exit_2_before_ray_starts(arguments, message, tmp_path):

@@ -1,9 +1,10 @@
 """The launcher's promise about verl's trainer process: whatever ends the launcher's wait, the trainer (which runs
 in its own session, out of reach of the terminal's Ctrl-C) is stopped by SIGINT, its clean shutdown path — or, when
-the launcher itself is killed outright, by the kernel's SIGKILL.
+the launcher itself is killed outright, by the kernel's SIGKILL. A trainer that logs no step for the run's step
+timeout is stopped the same way, and the run fails saying so.
 
-A stand-in trainer (a small Python program) plays verl's: it logs one step the way verl's file logger does, then
-waits, and records how it ended.
+A stand-in trainer (a small Python program) plays verl's: it logs one step the way verl's file logger does (or,
+"silent", none), then waits, and records how it ended.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ STAND_IN = textwrap.dedent(
     ended = sys.argv[1]
     with open(ended + ".pid", "w") as file:
         file.write(str(os.getpid()))
-    with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as log:
-        log.write(json.dumps({"step": 1, "data": {"critic/score/mean": 0.25}}) + "\\n")
+    if sys.argv[2] != "silent":
+        with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as log:
+            log.write(json.dumps({"step": 1, "data": {"critic/score/mean": 0.25}}) + "\\n")
     if sys.argv[2] == "fail":
         print("Traceback: the stand-in trainer failed", flush=True)
         sys.exit(7)
@@ -43,8 +45,8 @@ STAND_IN = textwrap.dedent(
 
 
 class StandInRun(TrainerRun):
-    def __init__(self, output_dir: Path, behaviour: str) -> None:
-        super().__init__(overrides=[], output_dir=output_dir)
+    def __init__(self, output_dir: Path, behaviour: str, **timeouts: float) -> None:
+        super().__init__(overrides=[], output_dir=output_dir, **timeouts)
         self.script = output_dir / "stand_in.py"
         self.ended = output_dir / "ended"
         self.behaviour = behaviour
@@ -95,6 +97,30 @@ def test_a_trainer_that_fails_is_trainer_failed_with_its_last_lines(tmp_path):
     with pytest.raises(TrainerFailed, match="exited with status 7") as failure:
         run_trainer(run, lambda record: None)
     assert "the stand-in trainer failed" in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    "behaviour, timeouts, since, limit",
+    [
+        ("wait", dict(step_timeout_s=3.0, first_step_timeout_s=60.0), "after step 1", 3),
+        ("silent", dict(step_timeout_s=60.0, first_step_timeout_s=4.0), "since it started, start-up included", 4),
+    ],
+    ids=["a later step", "the first step"],
+)
+def test_a_trainer_that_logs_no_step_in_time_is_stopped_and_the_run_fails(tmp_path, behaviour, timeouts, since, limit):
+    """A call that hangs without failing (no process dies, no call ends) would otherwise hold the job forever; the
+    first step, which includes the start-up, has its own limit."""
+    import time
+
+    run = StandInRun(tmp_path, behaviour, **timeouts)
+    started = time.monotonic()
+    with pytest.raises(
+        TrainerFailed, match=f"logged no step for [0-9]+ s {since} \\(limit {limit} s, --step-timeout\\)"
+    ):
+        run_trainer(run, lambda record: None)
+    assert limit < time.monotonic() - started < 30
+    assert run.ended.read_text() == "interrupted"  # stopped by its clean shutdown path, not left sleeping
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == (behaviour == "wait")
 
 
 def running(process) -> bool:

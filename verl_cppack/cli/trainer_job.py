@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 
+from verl_cppack.jobs.launcher import FIRST_STEP_TIMEOUT_S
 from verl_cppack.jobs.rollout_choice import ROLLOUTS
 from verl_cppack.jobs.verl_job import TRAINERS, JobKind, JobSettings
 
@@ -90,6 +91,15 @@ def add_job_arguments(parser: argparse.ArgumentParser, kind: JobKind, defaults: 
         help=f"vllm: verl's vLLM rollout on vLLM's CPU build; hf: Hugging Face generate (default {defaults.rollout})",
     )
     parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=defaults.step_timeout_s,
+        metavar="SECONDS",
+        help="stop the run (exit 3) when verl's trainer logs no step for this long "
+        f"(default {defaults.step_timeout_s:g}); the first step, which includes Ray's and vLLM's start-up, may take "
+        f"the larger of this and {FIRST_STEP_TIMEOUT_S:g}",
+    )
+    parser.add_argument(
         "--verbose", action="store_true", help="also print the trainer's own output (always in trainer.log)"
     )
     parser.add_argument(
@@ -117,6 +127,7 @@ def settings_from_args(args: argparse.Namespace) -> JobSettings:
         overrides=tuple(args.overrides),
         verbose=args.verbose,
         rollout=args.rollout,
+        step_timeout_s=args.step_timeout,
     )
 
 

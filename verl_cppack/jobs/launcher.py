@@ -6,7 +6,9 @@ files of ``worker_env`` in its own environment and in every Ray worker's (``ray_
 verl's ``file`` logger writes one JSON line per step (``VERL_FILE_LOGGER_PATH``); the launcher follows that file,
 prints a progress line per step and appends the step's metrics, under verl's names, to ``DIR/metrics.jsonl``.
 While it waits it asks ``watch`` whether the run can go on (a dead node, a placement group that cannot be
-placed: ``ray_cluster.ClusterSession.watch``). The trainer's own output goes to ``DIR/trainer.log``.
+placed: ``ray_cluster.ClusterSession.watch``), and stops a trainer that logs no step for ``step_timeout_s`` — the
+first one, which includes Ray's and vLLM's start-up, for ``first_step_timeout_s`` (a call that hangs without
+failing: no process dies, no call ends). The trainer's own output goes to ``DIR/trainer.log``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ EXIT_TRAINER_FAILED = 3
 EXIT_INTERRUPTED = 130
 SHUTDOWN_GRACE_S = 30.0
 WATCH_INTERVAL_S = 2.0
+STEP_TIMEOUT_S = 600.0  # the longest wait for the next step (a CPU step of the jobs takes seconds)
+FIRST_STEP_TIMEOUT_S = 1800.0  # the longest wait for the first: Ray's and vLLM's start-up and worker init included
 
 
 class TrainerFailed(RuntimeError):
@@ -50,6 +54,8 @@ class TrainerRun:
     verbose: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
     rollout: str = "hf"  # vllm | hf: which rollout's variables the workers get (worker_env)
+    step_timeout_s: float = STEP_TIMEOUT_S  # no step logged for this long (nor an exit): the run is stopped
+    first_step_timeout_s: float = FIRST_STEP_TIMEOUT_S  # the same for the first step, counted from the start
 
     @property
     def verl_metrics_path(self) -> Path:
@@ -110,9 +116,10 @@ def run_trainer(
 ) -> list[dict[str, Any]]:
     """Run verl's trainer to the end; ``on_step(record)`` for every step as it lands. Returns the records.
 
-    Raises ``TrainerFailed`` when the trainer exits non-zero, or when ``watch()`` (asked every few seconds) says
-    why the run cannot go on — the trainer is stopped first. Whatever else ends the wait (``KeyboardInterrupt``, an
-    exception from ``on_step``, a closed stdout) propagates after the trainer has been stopped.
+    Raises ``TrainerFailed`` when the trainer exits non-zero, when ``watch()`` (asked every few seconds) says why
+    the run cannot go on, or when no step lands in time (``run.step_timeout_s``, ``run.first_step_timeout_s``) —
+    the trainer is stopped first. Whatever else ends the wait (``KeyboardInterrupt``, an exception from
+    ``on_step``, a closed stdout) propagates after the trainer has been stopped.
     """
     run.output_dir.mkdir(parents=True, exist_ok=True)
     writer = MetricsWriter(run.output_dir / "metrics.jsonl")
@@ -131,6 +138,7 @@ def run_trainer(
         follower = _LineFollower(run.verl_metrics_path)
         trainer_output = _LineFollower(run.log_path) if run.verbose else None
         problem, next_watch = None, time.monotonic() + WATCH_INTERVAL_S
+        last_progress = time.monotonic()  # the trainer's start, then each step's arrival
         try:
             while True:
                 finished = child.poll() is not None
@@ -140,11 +148,13 @@ def run_trainer(
                     record = step_record(json.loads(line), run.shape)
                     writer.write(record)
                     records.append(record)
+                    last_progress = time.monotonic()
                     on_step(record)
                 if finished:
                     break
                 if time.monotonic() >= next_watch:
-                    problem, next_watch = watch(), time.monotonic() + WATCH_INTERVAL_S
+                    problem = watch() or stalled(run, time.monotonic() - last_progress, records)
+                    next_watch = time.monotonic() + WATCH_INTERVAL_S
                     if problem is not None:
                         stop_process_group(child)
                         break
@@ -162,6 +172,19 @@ def run_trainer(
             + last_error_lines(run.log_path)
         )
     return records
+
+
+def stalled(run: TrainerRun, waited_s: float, records: Sequence[dict[str, Any]]) -> str | None:
+    """Why the run cannot go on when the trainer has logged no step (nor exited) for longer than it may."""
+    limit = run.step_timeout_s if records else run.first_step_timeout_s
+    if waited_s <= limit:
+        return None
+    since = f"after step {records[-1]['step']}" if records else "since it started, start-up included"
+    return (
+        f"verl's trainer logged no step for {waited_s:.0f} s {since} (limit {limit:g} s, --step-timeout): a call "
+        "that hangs without failing (a stalled vLLM engine, a collective waiting on a rank); if steps are that "
+        "slow, raise --step-timeout"
+    )
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

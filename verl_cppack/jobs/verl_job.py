@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -22,7 +23,13 @@ from typing import Any
 from verl_cppack.core.checks import require_int
 from verl_cppack.integrations.verl.call_counts import read_call_records, read_ray_call_records
 from verl_cppack.jobs.counting_task import ensure_counting_assets
-from verl_cppack.jobs.launcher import TrainerRun, run_trainer, summarize
+from verl_cppack.jobs.launcher import (
+    FIRST_STEP_TIMEOUT_S,
+    STEP_TIMEOUT_S,
+    TrainerRun,
+    run_trainer,
+    summarize,
+)
 from verl_cppack.jobs.output import Panel, fresh_output_dir, plot_panels
 from verl_cppack.jobs.parallel_shape import ParallelShape
 from verl_cppack.jobs.ray_cluster import ClusterSession, ray_host_port
@@ -68,6 +75,7 @@ class JobSettings:
     overrides: tuple[str, ...] = ()
     verbose: bool = False
     rollout: str = DEFAULT_ROLLOUT  # vllm (verl's vLLM rollout on vLLM's CPU build) | hf (Hugging Face generate)
+    step_timeout_s: float = STEP_TIMEOUT_S  # the longest wait for a step; the first's at least FIRST_STEP_TIMEOUT_S
 
     def __post_init__(self) -> None:
         ParallelShape(tp=self.tp, cp=self.cp, dp=self.dp, nnodes=self.nnodes)  # checks them
@@ -80,6 +88,9 @@ class JobSettings:
             raise ValueError(f"trainer must be one of {sorted(TRAINERS)}, got {self.trainer!r}")
         if not (isinstance(self.learning_rate, float) and 0 < self.learning_rate < 1):
             raise ValueError(f"learning rate must be a float in (0, 1), got {self.learning_rate!r}")
+        timeout = self.step_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ValueError(f"step timeout must be a positive, finite number of seconds, got {timeout!r}")
         if self.address is not None:
             ray_host_port(self.address)
         elif self.nnodes > 1:
@@ -247,6 +258,8 @@ def run_job(prepared: PreparedJob, on_step: Callable[[dict[str, Any]], None] = l
             task_dir=prepared.task_dir,
             verbose=settings.verbose,
             rollout=settings.rollout,
+            step_timeout_s=settings.step_timeout_s,
+            first_step_timeout_s=max(settings.step_timeout_s, FIRST_STEP_TIMEOUT_S),
         )
         records = run_trainer(run, on_step, watch=session.watch)
         call_records = read_ray_call_records(run.call_count_key, delete=True) + read_call_records(run.call_count_dir)
