@@ -119,7 +119,7 @@ def test_three_grpo_steps_across_two_nodes_on_the_default_vllm_rollout(two_nodes
 def test_a_hung_vllm_engine_on_a_joined_cluster_ends_the_job_and_does_not_outlive_it(two_nodes, tmp_path):
     """The cluster outlives the job here (the launcher does not stop it), so what ends a stopped engine core is Ray's
     clean-up of the job's actors, not the cluster's shutdown."""
-    from tests.test_vllm_engine_lost import alive, engine_cores, title, wait_for_step_1
+    from tests.test_vllm_engine_lost import engine_cores, left_running, wait_for_step_1
 
     output, stderr_path = tmp_path / "out", tmp_path / "stderr.txt"
     command = [sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "30", "--cp", "2", "--nnodes", "2"]
@@ -139,10 +139,7 @@ def test_a_hung_vllm_engine_on_a_joined_cluster_ends_the_job_and_does_not_outliv
         watched = engines + [engine.parent() for engine in engines]  # the engines and their vLLMHttpServer actors
         engines[0].suspend()  # SIGSTOP: it hangs, nothing fails
         job.wait(timeout=300)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(alive(p) for p in watched):
-            time.sleep(1)
-        left = [(p.pid, title(p)[:60]) for p in watched if alive(p)]
+        left = left_running(watched)
     finally:  # clean-up only, after what the job left was recorded
         if job.poll() is None:
             job.kill()

@@ -64,6 +64,14 @@ def engine_cores(job) -> list:
     return [child for server in servers for child in server.children() if title(child).startswith(ENGINE_TITLE)]
 
 
+def left_running(processes, within_s: float = 30) -> list[tuple[int, str]]:
+    """Those of ``processes`` still alive after ``within_s`` seconds (sooner once none is): pid and title."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and any(alive(p) for p in processes):
+        time.sleep(1)
+    return [(p.pid, title(p)[:60]) for p in processes if alive(p)]
+
+
 def wait_for_step_1(job: subprocess.Popen, metrics, errors) -> None:
     """Until the job's ``metrics.jsonl`` holds a step (at most 10 minutes); a job that ends first fails the test
     with ``errors()`` (the tail of its stderr)."""
@@ -77,14 +85,14 @@ def run_and_lose_an_engine(tmp_path, lose, *flags: str) -> tuple[str, float]:
     """Run the job until step 1 is logged, call ``lose(engine_pid)`` on one of its two engine cores, wait for the
     job's end and check it (exit 3, one error line, step 1 kept, nothing left running). Returns the error line and
     the seconds from ``lose`` to the end."""
-    output = tmp_path / "out"
-    stderr = (tmp_path / "stderr.txt").open("w+")
+    output, stderr_path = tmp_path / "out", tmp_path / "stderr.txt"
     command = [sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "30", "--cp", "2", "--output", str(output)]
-    job = subprocess.Popen([*command, *flags], stdout=subprocess.DEVNULL, stderr=stderr, text=True)
-    engines, started = [], []
+    with stderr_path.open("w") as stderr_file:  # a file, not a pipe: nothing read while the job runs can block it
+        job = subprocess.Popen([*command, *flags], stdout=subprocess.DEVNULL, stderr=stderr_file, text=True)
+    engines = []
     try:
         metrics = output / "metrics.jsonl"
-        wait_for_step_1(job, metrics, lambda: (tmp_path / "stderr.txt").read_text()[-3000:])
+        wait_for_step_1(job, metrics, lambda: stderr_path.read_text()[-3000:])
         launcher = psutil.Process(job.pid)
         engines = engine_cores(launcher)
         assert len(engines) == 2, "one vLLM engine per worker slot (CP=2)"
@@ -93,10 +101,7 @@ def run_and_lose_an_engine(tmp_path, lose, *flags: str) -> tuple[str, float]:
         lose(engines[0].pid)
         job.wait(timeout=300)
         ended_after = time.monotonic() - lost
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(alive(p) for p in started):
-            time.sleep(1)
-        left = [(p.pid, title(p)[:60]) for p in started if alive(p)]
+        left = left_running(started)
     finally:  # clean-up only, after what the job left was recorded: the job, and an engine left stopped
         if job.poll() is None:
             job.kill()
@@ -105,8 +110,7 @@ def run_and_lose_an_engine(tmp_path, lose, *flags: str) -> tuple[str, float]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 if engine.status() == psutil.STATUS_STOPPED:
                     engine.kill()
-    stderr.seek(0)
-    err = stderr.read()
+    err = stderr_path.read_text()
     print(f"exit {job.returncode} {ended_after:.1f} s after the engine was lost")
     assert job.returncode == 3, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("error:")]
