@@ -24,11 +24,11 @@ on 2 cores: marked slow (``make test-fast`` leaves them out).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -119,39 +119,17 @@ def test_three_grpo_steps_across_two_nodes_on_the_default_vllm_rollout(two_nodes
 def test_a_hung_vllm_engine_on_a_joined_cluster_ends_the_job_and_does_not_outlive_it(two_nodes, tmp_path):
     """The cluster outlives the job here (the launcher does not stop it), so what ends a stopped engine core is Ray's
     clean-up of the job's actors, not the cluster's shutdown."""
-    from tests.test_vllm_engine_lost import engine_cores, left_running, wait_for_step_1
+    from tests.test_vllm_engine_lost import engine_cores, run_and_lose_an_engine
 
-    output, stderr_path = tmp_path / "out", tmp_path / "stderr.txt"
-    command = [sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "30", "--cp", "2", "--nnodes", "2"]
-    with stderr_path.open("w") as stderr_file:  # a file, not a pipe: nothing read while the job runs can block it
-        job = subprocess.Popen(
-            [*command, "--address", two_nodes.address, "--step-timeout", "30", "--output", str(output)],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr_file,
-            text=True,
-        )
     raylets = [psutil.Process(node.all_processes["raylet"][0].process.pid) for node in two_nodes.list_all_nodes()]
-    engines = []
-    try:
-        wait_for_step_1(job, output / "metrics.jsonl", lambda: stderr_path.read_text()[-3000:])
-        engines = [engine for raylet in raylets for engine in engine_cores(raylet)]
-        assert len(engines) == 2, "one vLLM engine per node"
-        watched = engines + [engine.parent() for engine in engines]  # the engines and their vLLMHttpServer actors
-        engines[0].suspend()  # SIGSTOP: it hangs, nothing fails
-        job.wait(timeout=300)
-        left = left_running(watched)
-    finally:  # clean-up only, after what the job left was recorded
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-        for engine in engines:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                engine.kill()
-    stderr = stderr_path.read_text()
-    assert job.returncode == 3, stderr[-3000:]
-    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "logged no step for" in errors[0] and "Traceback" not in stderr, stderr[-3000:]
-    assert not left
+    error, _ = run_and_lose_an_engine(
+        tmp_path,
+        lambda pid: os.kill(pid, signal.SIGSTOP),
+        *("--nnodes", "2", "--address", two_nodes.address, "--step-timeout", "30"),
+        engines_of=lambda _launcher: [engine for raylet in raylets for engine in engine_cores(raylet)],
+        watched_of=lambda _launcher, engines: engines + [engine.parent() for engine in engines],  # and their servers
+    )
+    assert "logged no step for" in error
     assert len(two_nodes.list_all_nodes()) == 2  # the cluster the job joined is still there
 
 

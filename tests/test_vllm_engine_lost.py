@@ -81,10 +81,12 @@ def wait_for_step_1(job: subprocess.Popen, metrics, errors) -> None:
         time.sleep(1)
 
 
-def run_and_lose_an_engine(tmp_path, lose, *flags: str) -> tuple[str, float]:
+def run_and_lose_an_engine(tmp_path, lose, *flags: str, engines_of=engine_cores, watched_of=None) -> tuple[str, float]:
     """Run the job until step 1 is logged, call ``lose(engine_pid)`` on one of its two engine cores, wait for the
     job's end and check it (exit 3, one error line, step 1 kept, nothing left running). Returns the error line and
-    the seconds from ``lose`` to the end."""
+    the seconds from ``lose`` to the end. ``engines_of(launcher)`` finds the engine cores and ``watched_of(launcher,
+    engines)`` what must not outlive the job (default: every process the job runs at step 1) — on a cluster the job
+    joined, they live under its raylets, not under the job."""
     output, stderr_path = tmp_path / "out", tmp_path / "stderr.txt"
     command = [sys.executable, "-m", "verl_cppack.cli", "grpo", "--steps", "30", "--cp", "2", "--output", str(output)]
     with stderr_path.open("w") as stderr_file:  # a file, not a pipe: nothing read while the job runs can block it
@@ -94,14 +96,14 @@ def run_and_lose_an_engine(tmp_path, lose, *flags: str) -> tuple[str, float]:
         metrics = output / "metrics.jsonl"
         wait_for_step_1(job, metrics, lambda: stderr_path.read_text()[-3000:])
         launcher = psutil.Process(job.pid)
-        engines = engine_cores(launcher)
+        engines = engines_of(launcher)
         assert len(engines) == 2, "one vLLM engine per worker slot (CP=2)"
-        started = launcher.children(recursive=True)  # every process the job runs now
+        watched = watched_of(launcher, engines) if watched_of else launcher.children(recursive=True)
         lost = time.monotonic()
         lose(engines[0].pid)
         job.wait(timeout=300)
         ended_after = time.monotonic() - lost
-        left = left_running(started)
+        left = left_running(watched)
     finally:  # clean-up only, after what the job left was recorded: the job, and an engine left stopped
         if job.poll() is None:
             job.kill()
