@@ -64,7 +64,7 @@ def run_rank(rank, world_size, layouts):
     return results
 
 
-@pytest.mark.parametrize("cp_size", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks: slow
+@pytest.mark.parametrize("cp_size", [2, pytest.param(4, marks=[pytest.mark.slow, pytest.mark.stacks])])  # 4 ranks: slow
 def test_ring_and_allgather_equal_the_reference_forward_and_backward(cp_size):
     layouts = [("zigzag", "allgather"), ("zigzag", "ring"), ("contiguous", "allgather")]
     per_rank = run_gloo(run_rank, cp_size, layouts)

@@ -50,7 +50,9 @@ def _expected_local_gradient(layout, world_size, rank, weights):
     )
 
 
-@pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks: slow
+@pytest.mark.parametrize(
+    "world_size", [2, pytest.param(4, marks=[pytest.mark.slow, pytest.mark.stacks])]
+)  # 4 ranks: slow
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_unpack_gathers_the_batch_and_keeps_local_gradient(world_size, layout):
     x, weights = _inputs()

@@ -109,6 +109,7 @@ def gloo_runs() -> dict[int, tuple[torch.Tensor, list[dict]]]:
 
 @pytest.mark.parametrize("cp_size, layout", [(2, "zigzag"), (4, "zigzag"), (2, "contiguous")])
 @pytest.mark.slow  # gloo worlds of 2 and 4 ranks (the module fixture)
+@pytest.mark.stacks
 def test_token_and_document_mean_match_cp1_in_gloo(gloo_runs, cp_size, layout):
     tokens, runs = gloo_runs[cp_size]
     per_rank = [run[layout] for run in runs]
@@ -128,6 +129,7 @@ def test_token_and_document_mean_match_cp1_in_gloo(gloo_runs, cp_size, layout):
 
 
 @pytest.mark.slow  # gloo worlds of 2 and 4 ranks (the module fixture)
+@pytest.mark.stacks
 def test_token_and_document_mean_over_cp_and_dp(gloo_runs):
     _, runs = gloo_runs[4]
     replicas = [reduce_on_rank(0, 1, random_batch(seed=10 + replica), "zigzag") for replica in range(2)]
@@ -170,6 +172,7 @@ def megatron_contract_on_rank(rank: int, world_size: int, tokens: torch.Tensor, 
 
 @pytest.mark.parametrize("per_token", [True, False])
 @pytest.mark.slow  # gloo worlds of 2 and 4 ranks (the module fixture)
+@pytest.mark.stacks
 def test_megatron_schedule_contract_gives_the_cp1_gradient(gloo_runs, per_token):
     tokens, runs = gloo_runs[2]
     reference = megatron_contract_on_rank(0, 1, tokens, per_token)

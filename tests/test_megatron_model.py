@@ -63,12 +63,15 @@ def cp_world_rank(rank, world_size):
     return {"position_wise": position_wise_rank(rank, world_size), "tiny_gpt": tiny_gpt_rank(rank, world_size)}
 
 
-@pytest.fixture(scope="module", params=[2, pytest.param(4, marks=pytest.mark.slow)], ids=lambda cp: f"cp{cp}")
+@pytest.fixture(
+    scope="module", params=[2, pytest.param(4, marks=[pytest.mark.slow, pytest.mark.stacks])], ids=lambda cp: f"cp{cp}"
+)
 def cp_world(request):
     return request.param, run_gloo(cp_world_rank, request.param)
 
 
 @pytest.mark.slow  # gloo worlds with Megatron imported in every rank
+@pytest.mark.stacks
 def test_position_wise_model_is_bit_exact_under_cp(cp_world):
     _, per_rank = cp_world
     model = PositionWiseModel()
@@ -147,6 +150,7 @@ def tiny_gpt_rank(rank, world_size):
 
 
 @pytest.mark.slow  # gloo worlds with Megatron imported in every rank
+@pytest.mark.stacks
 def test_tiny_gpt_log_probs_entropy_and_gradients_do_not_depend_on_cp(cp_world):
     cp_size, per_rank = cp_world
     for report in (result["tiny_gpt"] for result in per_rank):
@@ -187,6 +191,7 @@ def packed_equals_padded_rank(rank, world_size):
 
 
 @pytest.mark.slow  # a gloo world with Megatron imported
+@pytest.mark.stacks
 def test_packed_thd_forward_equals_each_row_run_alone():
     packed, rows = run_gloo(packed_equals_padded_rank, 1)[0]
     _, mask = batch(seed=2)

@@ -60,6 +60,7 @@ def _dynamic_cp(rank: int, world_size: int) -> dict:
 
 
 @pytest.mark.slow  # a gloo world importing verl
+@pytest.mark.stacks
 def test_the_released_dynamic_cp_getter_is_found_and_the_results_equal_verls():
     for result in run_gloo(_dynamic_cp, 2):
         ours_released, ours_dev, theirs = result["rows"]

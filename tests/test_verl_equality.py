@@ -364,8 +364,13 @@ def world(name: str) -> list[dict]:
 
 
 @pytest.mark.slow  # gloo worlds with verl and Megatron imported in every rank
+@pytest.mark.stacks
 @pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=[pytest.mark.slow] if name in ("cp4", "tp2-cp2") else []) for name in WORLDS]
+    "name",
+    [
+        pytest.param(name, marks=[pytest.mark.slow, pytest.mark.stacks] if name in ("cp4", "tp2-cp2") else [])
+        for name in WORLDS
+    ],
 )
 def test_dropins_equal_verl_util(name):
     results = world(name)

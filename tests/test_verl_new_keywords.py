@@ -3,8 +3,10 @@
 newer megatron-core (0.17: ``total_tokens``, ``seq_idx``; 0.19: ``tokens_per_sample``, ``pad_between_seqs``), set
 whenever the installed class names them.
 
-megatron-core 0.17+ needs Python >= 3.12, so the classes here are stand-ins with those releases' field sets, and
-0.17's ``__post_init__`` (which derives ``seq_idx`` from ``total_tokens``) is the oracle for ``seq_idx``. The
+On the current stack (megatron-core 0.18/0.19) these tests use the installed ``PackedSeqParams``; on the pinned stack
+(0.16.1: megatron-core 0.17+ needs Python >= 3.12) stand-ins with those releases' field sets and 0.17's
+``__post_init__``. Either way the class's own ``__post_init__`` (which derives ``seq_idx`` from ``total_tokens``) is
+the oracle for ``seq_idx``. The
 expected ``include_total_tokens`` results for a ``**kwargs`` stand-in are those of the verl pull request's own
 tests. The TP/CP context verl reads from megatron is set explicitly (CP ranks without a group: packing needs no
 communication).
@@ -45,6 +47,10 @@ def params_class(monkeypatch):
     return lambda cls: monkeypatch.setattr(module, "PackedSeqParams", cls)
 
 
+INSTALLED = pytest.importorskip("megatron.core.packed_seq_params").PackedSeqParams
+INSTALLED_FIELDS = megatron.packed_seq_params_fields(INSTALLED)
+
+
 @dataclass
 class Megatron017Params:
     """megatron-core 0.17's field set; its ``__post_init__`` as released (``seq_idx`` from ``total_tokens``)."""
@@ -61,12 +67,9 @@ class Megatron017Params:
     total_tokens: int = None
     seq_idx: torch.Tensor = None
 
-    derived = 0  # how many times __post_init__ computed seq_idx (a repeat_interleave that syncs on a GPU)
-
     def __post_init__(self):
         cu_seqlens = self.cu_seqlens_q_padded if self.cu_seqlens_q_padded is not None else self.cu_seqlens_q
         if isinstance(cu_seqlens, torch.Tensor) and self.total_tokens is not None:
-            type(self).derived += 1
             total = torch.tensor([self.total_tokens], dtype=cu_seqlens.dtype, device=cu_seqlens.device)
             lengths = (torch.cat([cu_seqlens, total])[1:] - torch.cat([cu_seqlens, total])[:-1]).clamp(min=0)
             self.seq_idx = torch.repeat_interleave(torch.arange(lengths.numel()), lengths).to(torch.int32).unsqueeze(0)
@@ -78,6 +81,13 @@ class Megatron019Params(Megatron017Params):
 
     tokens_per_sample: int = None
     pad_between_seqs: bool = None
+
+
+# The classes with megatron-core 0.17's fields (total_tokens, seq_idx) and with 0.19's (tokens_per_sample,
+# pad_between_seqs): the installed one where it has them, else the stand-ins.
+WITH_TOTAL_TOKENS = INSTALLED if "total_tokens" in INSTALLED_FIELDS else Megatron017Params
+WITH_TOKENS_PER_SAMPLE = INSTALLED if "tokens_per_sample" in INSTALLED_FIELDS else Megatron019Params
+ONLY_TOTAL_TOKENS = WITH_TOTAL_TOKENS if "tokens_per_sample" not in INSTALLED_FIELDS else Megatron017Params
 
 
 class KwargsParams:
@@ -205,15 +215,34 @@ def test_include_total_tokens_as_verls_pull_request_tests_it(context, params_cla
         assert params.total_tokens == 4 and packed.tolist() == tokens and positions.tolist() == [[0, 0]]
 
 
-@pytest.mark.parametrize("cls", [Megatron017Params, Megatron019Params])
+@pytest.fixture
+def post_init_calls(monkeypatch):
+    """Counts the ``__post_init__`` runs of a class that derive ``seq_idx`` (a repeat_interleave that syncs on a GPU)."""
+
+    def count(cls: type) -> list[int]:
+        calls = []
+        original = cls.__post_init__
+
+        def counted(self):
+            original(self)
+            if self.total_tokens is not None:
+                calls.append(1)
+
+        monkeypatch.setattr(cls, "__post_init__", counted)
+        return calls
+
+    return count
+
+
+@pytest.mark.parametrize("cls", sorted({WITH_TOTAL_TOKENS, WITH_TOKENS_PER_SAMPLE}, key=lambda c: c.__qualname__))
 @pytest.mark.parametrize("cp_size", [1, 2])
-def test_total_tokens_and_seq_idx_are_megatrons_without_its_sync(context, params_class, cls, cp_size):
+def test_total_tokens_and_seq_idx_are_megatrons_without_its_sync(context, params_class, post_init_calls, cls, cp_size):
     """``total_tokens`` is the global padded stream length and ``seq_idx`` what the class's own ``__post_init__``
     derives from it, yet that derivation never ran on our objects (set after they are made)."""
     params_class(cls)
     context(cp_size=cp_size)
     mask = torch.tensor(MASK, dtype=torch.bool)
-    cls.derived = 0
+    calls = post_init_calls(cls)
     for params in (
         dropins.preprocess_packed_seqs(mask.long(), mask, include_total_tokens=True)[1],
         dropins.preprocess_thd_engine(_nested([1, 2, 3], [4, 5], [6]), include_total_tokens=True, use_fp8_padding=True)[
@@ -224,11 +253,11 @@ def test_total_tokens_and_seq_idx_are_megatrons_without_its_sync(context, params
         reference = cls(cu_seqlens_q_padded=params.cu_seqlens_q_padded, total_tokens=total)
         assert params.total_tokens == total
         assert params.seq_idx.dtype == torch.int32 and torch.equal(params.seq_idx, reference.seq_idx)
-    assert cls.derived == 2  # the two references only
+    assert len(calls) == 2  # the two references only
 
 
 def test_without_include_total_tokens_the_fields_stay_unset(context, params_class):
-    params_class(Megatron017Params)
+    params_class(WITH_TOTAL_TOKENS)
     params = dropins.preprocess_thd_engine(_nested([1, 2, 3], [4, 5]))[1]
     assert params.total_tokens is None and params.seq_idx is None
 
@@ -237,7 +266,7 @@ def test_without_include_total_tokens_the_fields_stay_unset(context, params_clas
 def test_pad_between_seqs_and_tokens_per_sample_are_set_when_the_class_names_them(context, params_class, cp_size):
     """0.19's fields: ``pad_between_seqs`` as Transformer Engine would compute it (cu_seqlens_q/kv against the padded
     offsets, all but the last), ``tokens_per_sample`` this rank's row length; 0.17's class gets neither."""
-    params_class(Megatron019Params)
+    params_class(WITH_TOKENS_PER_SAMPLE)
     context(cp_size=cp_size)
     params = dropins.preprocess_thd_engine(_nested([1, 2, 3], [4, 5]))[1]
     te_pad_between_seqs = not torch.equal(params.cu_seqlens_q_padded[:-1], params.cu_seqlens_q[:-1])
@@ -246,12 +275,14 @@ def test_pad_between_seqs_and_tokens_per_sample_are_set_when_the_class_names_the
     plan = plan_from_lengths([3, 2], ParallelContext(tp_size=2, cp_size=cp_size))  # slots of 2 or 8: padding
     real = megatron.packed_seq_params(plan, real_seqlens_in_attention=True)  # padding now lies between sequences
     assert real.pad_between_seqs is (not torch.equal(real.cu_seqlens_q_padded[:-1], real.cu_seqlens_q[:-1])) is True
-    params_class(Megatron017Params)
+    params_class(ONLY_TOTAL_TOKENS)
     assert not hasattr(dropins.preprocess_thd_engine(_nested([1, 2]))[1], "tokens_per_sample")
 
 
-def test_include_total_tokens_needs_a_class_that_can_hold_it(context):
-    """megatron-core 0.16.1's PackedSeqParams has no ``total_tokens``: refused, naming the keyword and the fix."""
+def test_include_total_tokens_needs_a_class_that_can_hold_it(context, params_class):
+    """A PackedSeqParams without ``total_tokens`` (megatron-core 0.16.1's): refused, naming the keyword and the fix."""
+    if "total_tokens" in INSTALLED_FIELDS:
+        params_class(megatron.FallbackPackedSeqParams)  # 0.16.1's field set
     mask = torch.tensor(MASK, dtype=torch.bool)
     with pytest.raises(
         ValueError, match=r"include_total_tokens=True needs PackedSeqParams fields total_tokens, seq_idx"

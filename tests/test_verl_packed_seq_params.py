@@ -157,6 +157,7 @@ def _side_by_side(rank, world_size):
 
 
 @pytest.mark.slow  # gloo worlds importing verl
+@pytest.mark.stacks
 def test_fields_and_contiguous_support_equal_verls():
     pytest.importorskip("verl.models.mcore.util")
     for results in run_gloo(_side_by_side, 2):

@@ -122,7 +122,7 @@ def test_gather_back_without_packed_seq_params_is_a_type_error_before_any_plan(n
     def no_plan(*args, **kwargs):
         raise AssertionError("a plan was built for a call that must fail first")
 
-    monkeypatch.setattr(dropins, "_mask_plan", no_plan)
+    monkeypatch.setattr(dropins, "mask_plan", no_plan)
     monkeypatch.setattr(dropins, "_nested_plan", no_plan)
     message = "packed_seq_params must be the PackedSeqParams the matching preprocess call returned"
     with pytest.raises(TypeError, match=message):

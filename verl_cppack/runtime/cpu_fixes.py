@@ -24,7 +24,7 @@ from verl_cppack.runtime.host_device import in_host_device_scope
 from verl_cppack.runtime.vllm_fixes import VLLM_FIXES
 
 VERL = ("verl", ">=0.9.1,<0.10")
-MEGATRON = ("megatron-core", ">=0.16.1,<0.17")
+MEGATRON = ("megatron-core", ">=0.16.1,<0.20")  # 0.16.1 (pinned stack) and 0.17-0.19 (current stack) read and run
 MBRIDGE = ("mbridge", ">=0.15.1,<0.16")
 
 
@@ -160,7 +160,8 @@ def megatron_engine_on_cpu(module: ModuleType) -> None:
 # --------------------------------------------------------------------------------------------- megatron
 def clip_grads_on_host(module: ModuleType) -> None:
     """Row 11: ``clip_grad_by_total_norm_fp32`` asserts CUDA float gradients and scales them with a CUDA kernel;
-    on the host the same scaling is one ``torch._foreach_mul_`` over the fp32 gradients."""
+    on the host the same scaling is one ``torch._foreach_mul_`` over the fp32 gradients. megatron-core 0.17+ also
+    takes a tensor ``total_norm``: its coefficient is clamped to 1 and always applied, as there."""
     original = expect_attribute(module, "clip_grad_by_total_norm_fp32", "clip-grads-on-host")
     if _marked(original):
         return
@@ -177,7 +178,10 @@ def clip_grads_on_host(module: ModuleType) -> None:
         if not_fp32:
             raise TypeError(f"gradients must be float32 to be clipped on the host, got {sorted(not_fp32)}")
         clip_coefficient = max_norm / (total_norm + 1.0e-6)
-        if clip_coefficient < 1.0 and grads:
+        if isinstance(clip_coefficient, torch.Tensor):
+            if grads:
+                torch._foreach_mul_([g.detach() for g in grads], clip_coefficient.clamp_max(1.0))
+        elif clip_coefficient < 1.0 and grads:
             torch._foreach_mul_([g.detach() for g in grads], clip_coefficient)
 
     _mark(clip_grad_by_total_norm_fp32)
@@ -214,6 +218,32 @@ def local_layer_spec(module: ModuleType) -> None:
         return block_spec
 
     bridge_class._get_transformer_layer_spec = _mark(_get_transformer_layer_spec)
+
+
+class _ModelTypeWithoutEncoderAndDecoder:
+    """megatron-core's ``ModelType`` as mbridge 0.15.1 reads it: its members, plus ``encoder_and_decoder`` (removed in
+    megatron-core 0.17) as a value no model's type equals, so mbridge's encoder-decoder branch is never taken."""
+
+    def __init__(self, model_type: type) -> None:
+        self._model_type = model_type
+        self.encoder_and_decoder = object()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model_type, name)
+
+
+def model_type_without_encoder_decoder(module: ModuleType) -> None:
+    """megatron-core 0.17 dropped ``ModelType.encoder_and_decoder``; mbridge 0.15.1's ``get_model`` still compares
+    with it (an AttributeError for every model it builds). Not a CUDA assumption: the one fix the old mbridge needs
+    on the current stack."""
+    name = "mbridge-model-type"
+    model_type = expect_attribute(module, "ModelType", name)
+    if isinstance(model_type, _ModelTypeWithoutEncoderAndDecoder):
+        return
+    expect_source(expect_attribute(module, "get_model", name), "model_type == ModelType.encoder_and_decoder", name)
+    if hasattr(model_type, "encoder_and_decoder"):
+        return  # megatron-core 0.16 still has it: nothing to do
+    module.ModelType = _ModelTypeWithoutEncoderAndDecoder(model_type)
 
 
 LOCAL_TO_FUSED_NAMES = {
@@ -327,6 +357,13 @@ FIXES: tuple[Fix, ...] = (
         *MBRIDGE,
         "mbridge.core.bridge",
         local_layernorm_names,
+    ),
+    Fix(
+        "mbridge-model-type",
+        "mbridge compares with ModelType.encoder_and_decoder, gone in megatron-core 0.17",
+        *MBRIDGE,
+        "mbridge.core.util",
+        model_type_without_encoder_decoder,
     ),
     Fix(
         "hf-rollout-adapter",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from verl_cppack.context import ParallelContext
@@ -46,19 +47,65 @@ from verl_cppack.packing.plan import PackPlan
 _MASK_PLANS = TensorKeyedCache()  # attention mask -> plan
 _NESTED_PLANS = TensorKeyedCache()  # nested offsets -> plan / longest sequence
 _BSHD_MASKS = TensorKeyedCache()  # mask returned by a bshd preprocess -> how to undo it
+_VLM_MASKS = TensorKeyedCache()  # mask returned by build_vlm_attn_mask_thd -> the plan of its ids' PackedSeqParams
 
 
 # ====================================================================== helpers
 def _mask_entry(
-    attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment
+    attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment, layout: str = "zigzag"
 ) -> tuple[PackPlan, SourceSnapshot]:
     return _MASK_PLANS.entry(
-        attention_mask, (ctx, alignment), lambda: plan_from_checked_mask(attention_mask, ctx, alignment=alignment)
+        attention_mask,
+        (ctx, alignment, layout),
+        lambda: plan_from_checked_mask(attention_mask, ctx, layout=layout, alignment=alignment),
     )
 
 
-def _mask_plan(attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment) -> PackPlan:
-    return _mask_entry(attention_mask, ctx, alignment)[0]
+def mask_plan(
+    attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment, layout: str = "zigzag"
+) -> PackPlan:
+    """The plan of a checked ``[B, S]`` mask under this policy, built once per mask tensor (see ``plan_cache``)."""
+    return _mask_entry(attention_mask, ctx, alignment, layout)[0]
+
+
+# Why a mask's plan cannot be known: kept for masks build_vlm_attn_mask_thd made when no plan of its ids existed.
+UNKNOWN_PARAMS = (
+    "attention_mask came from build_vlm_attn_mask_thd, but the PackedSeqParams verl built for the same ids were not "
+    "made by verl_cppack's preprocess_thd_engine (it was left to verl), so their padding and layout cannot be known "
+    "here; packing this micro-batch another way would misalign it with them. Run `verl-cppack doctor` to see why "
+    "preprocess_thd_engine is verl's, or set VERL_CPPACK_DISABLE=1 to leave every packing function to verl and the "
+    "bridge"
+)
+
+
+def remember_vlm_mask(attention_mask: torch.Tensor, nested: torch.Tensor) -> None:
+    """Record on ``attention_mask`` (made from the jagged ``nested`` ids) the plan ``preprocess_thd_engine`` made
+    for the same ids, the one verl's ``PackedSeqParams`` describe (or that there was none)."""
+    planned = _NESTED_PLANS.find(nested.offsets(), lambda value: isinstance(value, PackPlan))
+    _VLM_MASKS.store(attention_mask, "verl", UNKNOWN_PARAMS if planned is None else planned)
+
+
+def vlm_mask_plan(attention_mask: torch.Tensor, ctx: ParallelContext) -> PackPlan | None:
+    """For a mask ``remember_vlm_mask`` saw: the plan of its ``[B, S]`` rows that packs them into the stream of the
+    ``PackedSeqParams`` verl built for the same ids (their CP size, layout and padding), checked against them;
+    ``None`` for any other mask. ``ctx`` (the caller's TP/CP) must have verl's TP size."""
+    verl_plan = _VLM_MASKS.lookup(attention_mask, "verl")
+    if verl_plan is None:
+        return None
+    if isinstance(verl_plan, str):
+        raise ValueError(verl_plan)
+    if ctx.tp_size != verl_plan.ctx.tp_size:
+        raise ValueError(
+            f"the caller's tensor parallel size {ctx.tp_size} differs from the {verl_plan.ctx.tp_size} verl's "
+            "PackedSeqParams were made with; pass the pg_collection of the model verl runs"
+        )
+    plan = mask_plan(attention_mask, verl_plan.ctx, verl_plan.alignment, verl_plan.layout.name)
+    if not np.array_equal(plan.tables.cu_seqlens_padded, verl_plan.tables.cu_seqlens_padded):
+        raise ValueError(
+            "attention_mask no longer holds the sequences verl's PackedSeqParams were made for (its rows' lengths "
+            "differ); pass the mask build_vlm_attn_mask_thd returned, unchanged"
+        )
+    return plan
 
 
 def _check_nested(name: str, value: object) -> torch.Tensor:
@@ -96,7 +143,7 @@ def _packed_seq_params(plan: PackPlan, snapshot: SourceSnapshot, include_total_t
     return attach_plan(params, plan, snapshot)
 
 
-def _given_offsets(packed_seq_params: Any) -> torch.Tensor:
+def given_offsets(packed_seq_params: Any) -> torch.Tensor:
     """The padded offsets ``packed_seq_params`` carries (``cu_seqlens_q_padded``, else ``cu_seqlens_q``); ``TypeError``
     for anything that carries none (``None``, a dict, another object), before any plan is built."""
     given = getattr(packed_seq_params, "cu_seqlens_q_padded", None)
@@ -113,7 +160,7 @@ def _given_offsets(packed_seq_params: Any) -> torch.Tensor:
 def _replan(packed_seq_params: Any, candidates: list[tuple[ParallelContext, Any]], build) -> PackPlan:
     """Rebuild the plan of a ``packed_seq_params`` we did not make (or for another mask tensor): the first padding
     policy whose padded offsets are the ones ``packed_seq_params`` carries (one sync each)."""
-    given = _given_offsets(packed_seq_params)
+    given = given_offsets(packed_seq_params)
     errors = []
     for ctx, alignment in candidates:
         try:
@@ -165,7 +212,7 @@ def _plan_for_mask(packed_seq_params: Any, attention_mask: torch.Tensor) -> Pack
     ctx = plan.ctx if plan is not None else megatron_context()
     candidates = [(ctx, plan.alignment)] if plan is not None else []
     candidates += [(ctx, alignment) for alignment in _legacy_alignments(ctx)]
-    return _replan(packed_seq_params, candidates, lambda c, a: _mask_plan(attention_mask, c, a))
+    return _replan(packed_seq_params, candidates, lambda c, a: mask_plan(attention_mask, c, a))
 
 
 def _legacy_alignments(ctx: ParallelContext) -> list[Alignment]:
@@ -354,7 +401,7 @@ def _plan_for_nested(packed_seq_params: Any, nested: torch.Tensor, local_cp_size
         ctx, candidates = plan.ctx, [plan.alignment]
     else:
         if local_cp_size is not None:  # verl: the dynamic-CP group travels on packed_seq_params
-            _given_offsets(packed_seq_params)  # a PackedSeqParams, before its group is read
+            given_offsets(packed_seq_params)  # a PackedSeqParams, before its group is read
             ctx = dynamic_cp_context(local_cp_size, packed_seq_params.cp_group)
         else:
             ctx = megatron_context()
@@ -464,5 +511,5 @@ def postprocess_bshd_engine(
 
 def clear_plan_caches() -> None:
     """Forget every cached plan (tests, or to release memory between steps)."""
-    for cache in (_MASK_PLANS, _NESTED_PLANS, _BSHD_MASKS):
+    for cache in (_MASK_PLANS, _NESTED_PLANS, _BSHD_MASKS, _VLM_MASKS):
         cache.clear()

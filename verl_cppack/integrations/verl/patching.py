@@ -40,6 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from verl_cppack.integrations import megatron_bridge
 from verl_cppack.integrations.import_hooks import after_import, cancel
 from verl_cppack.integrations.verl import dropins, release_names, verification, vlm_masks
 from verl_cppack.integrations.verl.call_counts import counted
@@ -298,6 +299,7 @@ def install() -> bool:
     with _LOCK:
         _STATE.installed = True
         after_import(UTIL_MODULE, _patch_util)  # now if util is loaded, else right after it executes
+    megatron_bridge.install()  # the packing copies inside Megatron-Bridge's models, which verl's calls reach
     return True
 
 
@@ -308,6 +310,7 @@ def uninstall() -> None:
     module that bound a drop-in from util after the install. Other modules that imported the drop-ins by
     their ``verl_cppack`` names keep them (that is what they asked for).
     """
+    megatron_bridge.uninstall()
     with _LOCK:
         cancel(UTIL_MODULE, _patch_util)
         for module_name, module in list(sys.modules.items()):

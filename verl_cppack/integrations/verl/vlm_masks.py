@@ -84,15 +84,23 @@ def _build(input_ids: torch.Tensor, pad_token_id: object, forced: int | None, al
     return padded_rows(nested, row_length, pad)
 
 
+def _build_thd(input_ids: torch.Tensor, pad_token_id: object, aligned: bool):
+    rows, mask = _build(input_ids, pad_token_id, None, aligned)
+    dropins.remember_vlm_mask(mask, input_ids)  # the model's own packing of these rows finds verl's stream by it
+    return rows, mask
+
+
 def build_vlm_attn_mask_thd(input_ids: torch.Tensor, pad_token_id: int = None):
     """Jagged ``[B, j]`` ids -> (``[B, S]`` rows padded with ``pad_token_id``, ``[B, S]`` bool mask of the real
-    tokens); ``S`` is the longest sequence rounded up as verl 0.9.1 does (``TP*CP*2`` with CP>1, else ``TP``)."""
-    return _build(input_ids, pad_token_id, None, aligned=True)
+    tokens); ``S`` is the longest sequence rounded up as verl 0.9.1 does (``TP*CP*2`` with CP>1, else ``TP``). The
+    mask remembers the plan of ``preprocess_thd_engine``'s ``PackedSeqParams`` for the same ids, which a model that
+    packs the rows again (Megatron-Bridge's Qwen3-VL: ``integrations.megatron_bridge``) follows."""
+    return _build_thd(input_ids, pad_token_id, aligned=True)
 
 
 def build_vlm_attn_mask_thd_unaligned(input_ids: torch.Tensor, pad_token_id: int = None):
     """verl 0.8.0 / 0.9.0's ``build_vlm_attn_mask_thd``: ``S`` is the longest sequence, not rounded."""
-    return _build(input_ids, pad_token_id, None, aligned=False)
+    return _build_thd(input_ids, pad_token_id, aligned=False)
 
 
 def build_vlm_attn_mask_bshd(
