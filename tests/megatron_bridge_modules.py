@@ -33,7 +33,9 @@ def load(module_name: str) -> types.ModuleType:
     """``module_name`` (under ``megatron.bridge``) as installed, its packages' ``__init__`` files not run."""
     root = bridge_root()
     if root is None:
-        pytest.skip("Megatron-Bridge is not installed (the current stack has it: STACK=current)")
+        pytest.skip(
+            "Megatron-Bridge is not installed (the current stack has it: STACK=current)", allow_module_level=True
+        )
     if module_name in sys.modules:
         return sys.modules[module_name]
     import megatron.core  # noqa: F401 - megatron's own package first, as the bridge expects

@@ -331,3 +331,50 @@ def test_hf_rollout_replica_refuses_a_register_with_another_signature():
     with pytest.raises(FixTargetChanged, match=r"takes \('name', 'loader', 'mode'\).*written for \('name', 'loader'\)"):
         fixes.hf_rollout_replica(_module(RolloutReplicaRegistry=_ReplicaRegistryWithAnotherRegister))
     assert _ReplicaRegistryWithAnotherRegister.registered == {}
+
+
+# -- the host-device scope and the current stack's targets -----------------------------------------------------
+def test_inside_the_host_device_scope_cuda_answers_for_the_host_and_is_restored_after():
+    """megatron-core asks ``torch.cuda.current_device()`` (0.16+) and waits on ``torch.cuda.current_stream()`` in its
+    DDP grad sync (0.17+): inside the scope the host answers both; outside, torch's own functions are back."""
+    import torch
+
+    from verl_cppack.runtime.host_device import host_device_scope
+
+    originals = torch.cuda.current_device, torch.cuda.current_stream
+    with host_device_scope(), host_device_scope():  # re-entrant
+        assert torch.cuda.current_device() == "cpu"
+        stream = torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        assert torch.zeros(2, device="cuda").device.type == "cpu"
+    assert (torch.cuda.current_device, torch.cuda.current_stream) == originals
+
+
+def test_mbridge_meets_megatron_cores_model_type_without_encoder_and_decoder():
+    """mbridge 0.15.1's ``get_model`` compares with ``ModelType.encoder_and_decoder``, gone in megatron-core 0.17: the
+    fix gives mbridge's module a ModelType with every megatron member and that one as a value no model type equals;
+    a megatron-core that still has it (0.16) is left alone."""
+    import enum
+
+    class Current(enum.Enum):
+        encoder_or_decoder = 1
+
+    def get_model():
+        return "model_type == ModelType.encoder_and_decoder"
+
+    module = _module(ModelType=Current, get_model=get_model)
+    fixes.model_type_without_encoder_decoder(module)
+    assert module.ModelType.encoder_or_decoder is Current.encoder_or_decoder
+    assert module.ModelType.encoder_and_decoder != Current.encoder_or_decoder
+    fixes.model_type_without_encoder_decoder(module)  # idempotent
+    assert module.ModelType.encoder_or_decoder is Current.encoder_or_decoder
+
+    class Older(enum.Enum):
+        encoder_or_decoder = 1
+        encoder_and_decoder = 2
+
+    untouched = _module(ModelType=Older, get_model=get_model)
+    fixes.model_type_without_encoder_decoder(untouched)
+    assert untouched.ModelType is Older
+    with pytest.raises(FixTargetChanged, match="no longer contains"):
+        fixes.model_type_without_encoder_decoder(_module(ModelType=Current, get_model=lambda: None))

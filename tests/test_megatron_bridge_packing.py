@@ -311,3 +311,12 @@ def test_a_changed_copy_or_another_release_stays_the_bridges(monkeypatch):
         assert "megatron-bridge 0.7.0 is not >=0.6.0,<0.7" in left["get_packed_seq_cp_partition_indices"]
     finally:
         megatron_bridge.uninstall()
+
+
+def test_doctor_reads_each_copys_fate_from_the_installed_source(monkeypatch):
+    """``verl-cppack doctor`` cannot import the bridge on a CPU machine: it reads the installed source instead."""
+    assert megatron_bridge.source_report() == dict.fromkeys(
+        ("preprocess_packed_seqs", "get_packed_seq_cp_partition_indices"), "replaced"
+    )
+    monkeypatch.setattr(megatron_bridge, "installed_version", lambda: "0.7.0")
+    assert all("is not >=0.6.0,<0.7" in fate for fate in megatron_bridge.source_report().values())

@@ -32,6 +32,7 @@ DISTRIBUTIONS = {
     "megatron-core": ("megatron-core", "megatron_core"),
     "transformer-engine": ("transformer-engine", "transformer_engine", "transformer-engine-torch"),
     "flash-attn": ("flash-attn", "flash_attn"),
+    "megatron-bridge": ("megatron-bridge", "megatron_bridge"),
     "verl-cppack": ("verl-cppack", "verl_cppack"),
 }
 CALLER_MODULES = (
@@ -122,6 +123,23 @@ def cpu_fix_report(verify: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def bridge_report(verify: bool) -> dict[str, Any]:
+    """Megatron-Bridge's packing copies (``integrations.megatron_bridge``): read from its source, and with ``verify``
+    imported (where Transformer Engine lets the bridge import) to list where ours is bound."""
+    from verl_cppack.integrations import megatron_bridge
+
+    report: dict[str, Any] = {"from_source": megatron_bridge.source_report()}
+    if verify and report["from_source"]:
+        report["import_errors"] = {}
+        for module in sorted({copy.module for copy in megatron_bridge.COPIES} | {megatron_bridge.QWEN3_VL + ".model"}):
+            try:
+                importlib.import_module(module)
+            except Exception as error:  # noqa: BLE001 - e.g. Transformer Engine missing on a CPU machine
+                report["import_errors"][module] = f"{type(error).__name__}: {error}"
+        report["in_this_process"] = megatron_bridge.status()
+    return report
+
+
 def collect(verify: bool) -> dict[str, Any]:
     from verl_cppack.integrations.verl import patching
 
@@ -144,6 +162,7 @@ def collect(verify: bool) -> dict[str, Any]:
         except Exception as error:  # noqa: BLE001 - a check that cannot run is reported, not a crash of doctor
             report["self_check_error"] = f"{type(error).__name__}: {error}"
     report["patch"] = patching.status()
+    report["megatron_bridge"] = bridge_report(verify)
     report["cpu_fixes"] = cpu_fix_report(verify)
     return report
 
@@ -175,6 +194,17 @@ def _print_human(report: dict[str, Any]) -> None:
         print(f"  could not compare the drop-ins with verl's functions: {report['self_check_error']}")
     for module, error in report.get("import_errors", {}).items():
         print(f"  could not import {module}: {error}")
+    bridge = report["megatron_bridge"]
+    if bridge["from_source"]:
+        print(f"Megatron-Bridge's packing copies ({', '.join(sorted(bridge['from_source']))}):")
+        for name, fate in bridge["from_source"].items():
+            print(
+                f"  {name}: {'replaced when the plugin is on' if fate == 'replaced' else 'left to the bridge: ' + fate}"
+            )
+        for module, error in bridge.get("import_errors", {}).items():
+            print(f"  could not import {module}: {error}")
+        for name, modules in bridge.get("in_this_process", {}).get("replaced", {}).items():
+            print(f"  {name} bound in this process: {', '.join(modules)}")
     print("CPU support for verl's trainer (armed by VERL_PLATFORM=cpu; --verify applies it here):")
     for row in report["cpu_fixes"]:
         version = f"{row['distribution']} {row['installed'] or 'not installed'} (written for {row['versions']})"

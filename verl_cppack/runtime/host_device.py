@@ -8,7 +8,8 @@ this scope, and nothing else runs under it. Inside the scope:
 
 - a ``TorchFunctionMode`` rewrites a CUDA ``device`` argument (``'cuda'``, ``'cuda:N'``, ``torch.device('cuda')``)
   of any torch function to ``'cpu'``, and turns ``Tensor.cuda()`` into a no-op;
-- ``torch.cuda.current_device()`` returns ``'cpu'`` (it would raise on a CPU build of torch).
+- ``torch.cuda.current_device()`` returns ``'cpu'`` and ``torch.cuda.current_stream()`` the host's stream (both would
+  raise without a CUDA device: on a CPU build of torch, and on a CUDA build on a machine without one).
 
 Rows 4 (RoPE's ``inv_freq`` moved to ``torch.cuda.current_device()``) and 7 (mbridge ``get_model``'s ``.cuda()``)
 of docs/design.md's table of CPU fixes need no fix of their own: model building and forward/backward run in this scope.
@@ -53,12 +54,13 @@ class _HostDeviceMode(TorchFunctionMode):
 @contextlib.contextmanager
 def host_device_scope() -> Iterator[None]:
     """Run the enclosed Megatron code with CUDA device literals meaning the host (re-entrant; the mode is per
-    thread, the ``torch.cuda.current_device`` stand-in is process-wide and counted under a lock)."""
+    thread, the ``torch.cuda`` stand-ins are process-wide and counted under a lock)."""
     global _DEPTH
     with _LOCK:
         if _DEPTH == 0:
-            _ORIGINAL["current_device"] = torch.cuda.current_device
-            torch.cuda.current_device = lambda: "cpu"
+            for name, stand_in in _HOST_STAND_INS.items():
+                _ORIGINAL[name] = getattr(torch.cuda, name)
+                setattr(torch.cuda, name, stand_in)
         _DEPTH += 1
     try:
         with _HostDeviceMode():
@@ -67,10 +69,18 @@ def host_device_scope() -> Iterator[None]:
         with _LOCK:
             _DEPTH -= 1
             if _DEPTH == 0:
-                torch.cuda.current_device = _ORIGINAL.pop("current_device")
+                for name in _HOST_STAND_INS:
+                    setattr(torch.cuda, name, _ORIGINAL.pop(name))
 
 
 _ORIGINAL: dict[str, Any] = {}
+# torch.cuda functions answered by the host inside the scope (they raise without a CUDA device): the current device,
+# and the current stream, which megatron-core 0.17+'s DDP grad sync waits on (``wait_event`` / ``wait_stream``: no-ops
+# on the host's stream)
+_HOST_STAND_INS: dict[str, Callable[[], Any]] = {
+    "current_device": lambda: "cpu",
+    "current_stream": torch.cpu.current_stream,
+}
 
 
 def in_host_device_scope(function: Callable[..., Any]) -> Callable[..., Any]:
