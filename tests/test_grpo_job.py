@@ -79,6 +79,7 @@ def check_a_two_step_run(result, tmp_path, trainer: str):
     return records
 
 
+@pytest.mark.stacks  # the current stack's one trainer run
 def test_two_grpo_steps_through_verls_v1_trainer_use_the_dropins_and_match_the_hf_rollout(tmp_path):
     check_a_two_step_run(run_grpo(tmp_path, "--trainer", "v1"), tmp_path, "v1")
     assert read_outputs(tmp_path)[0]["rollout"] == "hf"

@@ -177,6 +177,39 @@ def _count_unit(contender: Any, batch: MicroBatch) -> dict[str, Any]:
     }
 
 
+def post_init_cost(contender: Any, batch: MicroBatch) -> dict[str, float]:
+    """What megatron-core's own ``PackedSeqParams.__post_init__`` (0.17+: it derives ``seq_idx`` when
+    ``total_tokens`` is set) costs inside one unit: how many times it runs, and its median time per run on the
+    unit's own params (``{}`` where the installed class has none, as megatron-core 0.16.1's)."""
+    from verl_cppack.integrations.megatron import packed_seq_params_class
+
+    cls = packed_seq_params_class()
+    post_init = getattr(cls, "__post_init__", None)
+    if post_init is None:
+        return {}
+    made: list[Any] = []
+
+    def counted(self: Any) -> None:
+        made.append(self)
+        post_init(self)
+
+    cls.__post_init__ = counted
+    try:
+        prepared = contender.prepare(batch)
+        packed_ids, params = contender.preprocess(batch, prepared)
+        contender.postprocess(batch, params, model_outputs(packed_ids))
+    finally:
+        cls.__post_init__ = post_init
+    if not made:
+        return {"post_init_calls": 0, "post_init_us": 0.0}
+    runs = []
+    for _ in range(50):
+        begin = time.perf_counter()
+        post_init(made[0])
+        runs.append((time.perf_counter() - begin) * 1e6)
+    return {"post_init_calls": len(made), "post_init_us": statistics.median(runs)}
+
+
 def measure_point(
     contenders: dict[str, Any], batch_size: int, seq_len: int, settings: BenchSettings
 ) -> dict[str, dict[str, Any]]:
@@ -204,6 +237,7 @@ def measure_point(
         keys = samples[name][0].keys()
         point[name] = {key: statistics.median(sample[key] for sample in samples[name]) for key in keys}
         point[name].update(_count_unit(contenders[name], counted_batch.clone()))
+    point["verl_cppack"].update(post_init_cost(contenders["verl_cppack"], counted_batch.clone()))
     point["batch"] = {"mean_real_tokens": statistics.mean(real_tokens[settings.warmup : -1])}  # the timed ones
     return point
 

@@ -138,6 +138,14 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
     ]
     if memory:
         lines.append(f"- peak extra memory: verl_cppack {_span(memory, 2)}× verl's.")
+    post_init = [row["verl_cppack"] for row in rows if "post_init_us" in row["verl_cppack"]]
+    if post_init:
+        calls = [p["post_init_calls"] for p in post_init]
+        share = [100 * p["post_init_calls"] * p["post_init_us"] / 1e3 / p["step_ms"] for p in post_init]
+        lines.append(
+            f"- megatron-core's own `PackedSeqParams.__post_init__`: {_span(calls, 0)} runs per micro-batch, "
+            f"{_span([p['post_init_us'] for p in post_init], 1)} µs each, {_span(share, 2)}% of verl_cppack's unit."
+        )
     return lines + vlm_summary(rows)
 
 
