@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests import oracle
+from tests.distributed import run_gloo
 from tests.megatron_bridge_modules import QWEN3_VL, load
 from verl_cppack import ParallelContext
 from verl_cppack.integrations import megatron, megatron_bridge
@@ -320,3 +321,46 @@ def test_doctor_reads_each_copys_fate_from_the_installed_source(monkeypatch):
     )
     monkeypatch.setattr(megatron_bridge, "installed_version", lambda: "0.7.0")
     assert all("is not >=0.6.0,<0.7" in fate for fate in megatron_bridge.source_report().values())
+
+
+# ------------------------------------------------------------------------------------------------ real groups
+def _world_worker(rank: int, world_size: int, tp_size: int, cp_size: int) -> dict:
+    """One rank of a TP x CP gloo world: the bridge's function and ours with a real ``ProcessGroupCollection``, and
+    verl's own, on masks where the bridge's copy is right and on one where it is not."""
+    from megatron.core import parallel_state as mpu
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    from tests.megatron_bridge_modules import QWEN3_VL, load
+    from verl_cppack.integrations import megatron_bridge
+
+    bridge = load(f"{QWEN3_VL}.utils")
+    import verl.models.mcore.util as verl_util
+
+    mpu.initialize_model_parallel(tensor_model_parallel_size=tp_size, context_parallel_size=cp_size)
+    try:
+        pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+        generator = torch.Generator().manual_seed(7)
+        results = []
+        for lengths, width in (([16, 9, 32], 32), ([3, 40], 40), ([1, 17], 20)):
+            mask = torch.arange(width) < torch.tensor(lengths)[:, None]  # [B, S]
+            embeddings = torch.randn(len(lengths), width, 4, generator=generator)
+            ours = megatron_bridge.preprocess_packed_seqs(embeddings, mask, True, pg_collection)[0]
+            verls = verl_util.preprocess_packed_seqs(embeddings, mask, pre_process=True)[0]
+            cp_rank = pg_collection.cp.rank()
+            right = _bridge_is_right(mask, tp_size, cp_size, cp_rank)
+            bridges = bridge.preprocess_packed_seqs(embeddings, mask, True, pg_collection)[0] if right else None
+            results.append((torch.equal(ours, verls), right, bridges is None or torch.equal(ours, bridges)))
+        return {"cp_rank": pg_collection.cp.rank(), "results": results}
+    finally:
+        mpu.destroy_model_parallel()
+
+
+@pytest.mark.slow  # gloo worlds importing verl and Megatron
+@pytest.mark.stacks
+@pytest.mark.parametrize("tp_size, cp_size", [(1, 2), (2, 2)], ids=["cp2", "tp2-cp2"])
+def test_with_a_real_process_group_collection_ours_is_the_bridges_where_right_and_verls_always(tp_size, cp_size):
+    results = [
+        case for rank in run_gloo(_world_worker, tp_size * cp_size, tp_size, cp_size) for case in rank["results"]
+    ]
+    assert all(equal_to_verl and equal_to_bridge for equal_to_verl, _, equal_to_bridge in results)
+    assert not all(right for _, right, _ in results)  # the short sequences: on some rank the bridge's copy is wrong

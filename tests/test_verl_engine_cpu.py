@@ -42,7 +42,7 @@ from tests.verl_engine_cases import (  # noqa: E402
 )
 from verl_cppack.jobs.counting_task import ensure_counting_assets  # noqa: E402
 
-pytestmark = pytest.mark.slow  # verl's Megatron engine in gloo processes
+pytestmark = [pytest.mark.slow, pytest.mark.stacks]  # verl's Megatron engine in gloo processes, on both stacks
 
 
 def hf_response_log_probs(model_path: str) -> torch.Tensor:
