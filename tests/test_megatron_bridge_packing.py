@@ -364,3 +364,76 @@ def test_with_a_real_process_group_collection_ours_is_the_bridges_where_right_an
     ]
     assert all(equal_to_verl and equal_to_bridge for equal_to_verl, _, equal_to_bridge in results)
     assert not all(right for _, right, _ in results)  # the short sequences: on some rank the bridge's copy is wrong
+
+
+# ------------------------------------------------------------------------------------------------ the model
+def _qwen3_vl_log_probs(rank: int, world_size: int, use_fp8_padding: bool, ours: bool) -> dict:
+    """Megatron-Bridge's ``Qwen3VLModel`` (its language model: what the CPU can build; no vision tower) run as verl's
+    engine forward runs a vision model: ``preprocess_thd_engine`` makes the params, ``build_vlm_attn_mask_thd`` the
+    ``[B, S]`` rows, the model packs them itself; the next-token log-probs are gathered back with verl's labels."""
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLConfig
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from tests.megatron_bridge_modules import QWEN3_VL, load
+    from verl_cppack.attention.core_attention import core_attention_class
+    from verl_cppack.integrations import megatron_bridge
+    from verl_cppack.integrations.verl import dropins, vlm_masks
+    from verl_cppack.runtime.host_device import host_device_scope
+    from verl_cppack.runtime.tiny_gpt import init_megatron_parallel
+
+    init_megatron_parallel(1, world_size)
+    model_module, config_module = load(f"{QWEN3_VL}.model"), load(f"{QWEN3_VL}.transformer_config")
+    vision = Qwen3VLConfig().vision_config
+    vision.deepstack_visual_indexes = [0]
+    config = config_module.Qwen3VLTransformerConfig(
+        num_layers=2, hidden_size=64, num_attention_heads=2, num_query_groups=2, kv_channels=32, ffn_hidden_size=128,
+        vocab_size=128, context_parallel_size=world_size, use_cpu_initialization=True, attention_dropout=0.0,
+        hidden_dropout=0.0, apply_rope_fusion=False, bias_activation_fusion=False, bias_dropout_fusion=False,
+        masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+        params_dtype=torch.float32, normalization="RMSNorm", qk_layernorm=True, mrope_section=[4, 6, 6],
+        image_token_id=120, video_token_id=121, vision_start_token_id=122, calculate_per_token_loss=True,
+    )  # fmt: skip
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=True)
+    spec.submodules.self_attention.submodules.core_attention = core_attention_class("allgather", use_te=False)
+    torch.manual_seed(0)  # the same weights at every CP size
+    with host_device_scope():
+        model = model_module.Qwen3VLModel(config, spec, vision, add_encoder=False, add_decoder=True)
+    if ours:
+        megatron_bridge.install()
+    else:
+        megatron_bridge.uninstall()
+    ids = torch.nested.nested_tensor(
+        [torch.arange(1, 12), torch.arange(20, 25), torch.arange(30, 47) % 110 + 1], layout=torch.jagged
+    )  # [B, j]: 11, 5 and 17 tokens
+    try:
+        _, params, _ = dropins.preprocess_thd_engine(ids, use_fp8_padding=use_fp8_padding)
+        labels = dropins.preprocess_thd_engine(ids, need_roll=True, use_fp8_padding=use_fp8_padding)[0]  # [1, T/CP]
+        rows, mask = vlm_masks.build_vlm_attn_mask_thd(ids, pad_token_id=0)
+        with torch.no_grad(), host_device_scope():
+            logits = model(input_ids=rows, attention_mask=mask, packed_seq_params=params)  # [1, T/CP, V]
+        log_probs = torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # [1, T/CP]
+        gathered = dropins.postprocess_thd_engine(log_probs, params, ids, 3)  # [B, j] on every rank
+        return {"values": gathered.values(), "offsets": gathered.offsets()}
+    except (RuntimeError, ValueError) as error:  # a stream that does not fit the params, found inside the model
+        return {"error": f"{type(error).__name__}: {error}"}
+    finally:
+        megatron_bridge.uninstall()
+
+
+@pytest.mark.slow  # gloo worlds building a Megatron-Bridge model
+@pytest.mark.stacks
+def test_the_qwen3_vl_model_with_ours_gives_verls_labels_their_log_probs_under_fp8_padding_and_cp():
+    """With verl's FP8 padding at CP=2, the model's repacked embeddings line up with verl's labels and params: the
+    log-probs equal CP=1 without padding (padding never reaches a real token). With the bridge's own copy the same
+    run packs the embeddings into another stream than the labels and the params: it raises or differs — while on
+    plain padding, where it is right, it gives the reference too."""
+    reference = run_gloo(_qwen3_vl_log_probs, 1, False, True)[0]
+    for rank in run_gloo(_qwen3_vl_log_probs, 2, False, False):
+        assert torch.allclose(rank["values"], reference["values"], atol=1e-5, rtol=0)
+    ours = run_gloo(_qwen3_vl_log_probs, 2, True, True)
+    bridges = run_gloo(_qwen3_vl_log_probs, 2, True, False)
+    for rank in ours:
+        assert torch.allclose(rank["values"], reference["values"], atol=1e-5, rtol=0)
+    assert torch.equal(ours[0]["offsets"], reference["offsets"])
+    for rank in bridges:
+        assert "error" in rank or not torch.allclose(rank["values"], reference["values"], atol=1e-3, rtol=0)
