@@ -371,9 +371,9 @@ def _qwen3_vl_log_probs(rank: int, world_size: int, use_fp8_padding: bool, ours:
     """Megatron-Bridge's ``Qwen3VLModel`` (its language model: what the CPU can build; no vision tower) run as verl's
     engine forward runs a vision model: ``preprocess_thd_engine`` makes the params, ``build_vlm_attn_mask_thd`` the
     ``[B, S]`` rows, the model packs them itself; the next-token log-probs are gathered back with verl's labels."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLConfig
 
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from tests.megatron_bridge_modules import QWEN3_VL, load
     from verl_cppack.attention.core_attention import core_attention_class
     from verl_cppack.integrations import megatron_bridge
