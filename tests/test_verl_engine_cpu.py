@@ -21,6 +21,7 @@ Specified:
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 
@@ -43,6 +44,14 @@ from tests.verl_engine_cases import (  # noqa: E402
 from verl_cppack.jobs.counting_task import ensure_counting_assets  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.stacks]  # verl's Megatron engine in gloo processes, on both stacks
+
+
+# what builds the model: Megatron-Bridge where it is installed (the current stack: verl's default), else mbridge
+MODEL_BUILDER_FIXES = (
+    ("transformer-engine-stand-in", "bridge-local-layer-spec")
+    if importlib.util.find_spec("megatron.bridge") is not None
+    else ("local-layer-spec", "local-layernorm-names")
+)
 
 
 def hf_response_log_probs(model_path: str) -> torch.Tensor:
@@ -169,8 +178,7 @@ def test_engine_runs_on_the_host_with_the_plugin_and_every_cpu_fix_applied(runs)
                 "float32-engine-config",
                 "megatron-engine-on-cpu",
                 "clip-grads-on-host",
-                "local-layer-spec",
-                "local-layernorm-names",
+                *MODEL_BUILDER_FIXES,
             ):
                 assert rank["fixes"][name] == "applied", (name, rank["fixes"])
             assert rank["core_attention"].startswith("verl_cppack.attention."), rank["core_attention"]

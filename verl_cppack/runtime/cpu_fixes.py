@@ -26,6 +26,7 @@ from verl_cppack.runtime.vllm_fixes import VLLM_FIXES
 VERL = ("verl", ">=0.9.1,<0.10")
 MEGATRON = ("megatron-core", ">=0.16.1,<0.20")  # 0.16.1 (pinned stack) and 0.17-0.19 (current stack) read and run
 MBRIDGE = ("mbridge", ">=0.15.1,<0.16")
+MEGATRON_BRIDGE = ("megatron-bridge", ">=0.6.0,<0.7")  # read against 0.6.2
 
 
 def _marked(function: Any) -> bool:
@@ -272,6 +273,43 @@ def local_layernorm_names(module: ModuleType) -> None:
     bridge_class._weight_name_mapping_mcore_to_hf = _mark(_weight_name_mapping_mcore_to_hf)
 
 
+# ------------------------------------------------------------------------------------------- Megatron-Bridge
+def transformer_engine_stand_in(module: ModuleType) -> None:
+    """Row 21: Megatron-Bridge imports Transformer Engine at package import; once megatron-core has loaded (its own
+    guards found no TE), ``megatron.bridge``'s package body runs inside ``transformer_engine_scope`` (stand-ins that
+    raise when called, gone afterwards: ``runtime/transformer_engine_stand_in.py``). Nothing where TE is installed."""
+    import importlib.util
+
+    from verl_cppack.integrations import around_import
+    from verl_cppack.runtime.transformer_engine_stand_in import PACKAGE, transformer_engine_scope
+
+    if importlib.util.find_spec(PACKAGE) is None:
+        around_import("megatron.bridge", transformer_engine_scope)
+
+
+def bridge_local_layer_spec(module: ModuleType) -> None:
+    """Row 22: Megatron-Bridge's GPT providers build Transformer Engine's layer spec; on the host Megatron's local spec
+    (the provider's own ``local_layer_spec``) with verl_cppack's core attention, as row 5 does for mbridge."""
+    name = "bridge-local-layer-spec"
+    original = expect_attribute(module, "transformer_engine_layer_spec", name)
+    if _marked(original):
+        return
+    expect_parameters(original, ("config",), name)
+    expect_source(original, "get_gpt_layer_with_transformer_engine_spec(", name)
+    local_spec = expect_attribute(module, "local_layer_spec", name)
+    expect_parameters(local_spec, ("config",), name)
+
+    @functools.wraps(original)
+    def transformer_engine_layer_spec(config):
+        from verl_cppack.attention.core_attention import core_attention_class
+
+        spec = local_spec(config)
+        spec.submodules.self_attention.submodules.core_attention = core_attention_class("allgather", use_te=False)
+        return spec
+
+    module.transformer_engine_layer_spec = _mark(transformer_engine_layer_spec)
+
+
 HF_ROLLOUT_NAME = "hf"
 HF_ROLLOUT_MODULE = "verl_cppack.runtime.rollout.verl_adapter"
 HF_ROLLOUT_ADAPTER = f"{HF_ROLLOUT_MODULE}.HFServerAdapter"
@@ -364,6 +402,22 @@ FIXES: tuple[Fix, ...] = (
         *MBRIDGE,
         "mbridge.core.util",
         model_type_without_encoder_decoder,
+    ),
+    Fix(
+        "transformer-engine-stand-in",
+        "Megatron-Bridge imports Transformer Engine at package import",
+        *MEGATRON_BRIDGE,
+        "megatron.core",
+        transformer_engine_stand_in,
+        needs=MEGATRON_BRIDGE[0],
+    ),
+    Fix(
+        "bridge-local-layer-spec",
+        "Transformer Engine layer spec of Megatron-Bridge's GPT providers",
+        *MEGATRON_BRIDGE,
+        "megatron.bridge.models.gpt_provider",
+        bridge_local_layer_spec,
+        needs=MEGATRON_BRIDGE[0],
     ),
     Fix(
         "hf-rollout-adapter",

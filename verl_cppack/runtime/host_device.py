@@ -75,11 +75,13 @@ def host_device_scope() -> Iterator[None]:
 
 _ORIGINAL: dict[str, Any] = {}
 # torch.cuda functions answered by the host inside the scope (they raise without a CUDA device): the current device,
-# and the current stream, which megatron-core 0.17+'s DDP grad sync waits on (``wait_event`` / ``wait_stream``: no-ops
-# on the host's stream)
-_HOST_STAND_INS: dict[str, Callable[[], Any]] = {
+# and streams: megatron-core 0.17+'s DDP grad sync waits on the current stream, Megatron-Bridge's DDP wrapping makes a
+# stream of its own and runs under it (``wait_event`` / ``wait_stream``: no-ops on the host's streams)
+_HOST_STAND_INS: dict[str, Callable[..., Any]] = {
     "current_device": lambda: "cpu",
     "current_stream": torch.cpu.current_stream,
+    "Stream": torch.cpu.Stream,
+    "stream": torch.cpu.stream,
 }
 
 

@@ -41,6 +41,15 @@ HOST_TRANSFORMER_CONFIG = {
     "sequence_parallel": False,  # Megatron's local (torch) norms refuse it; TP still splits every layer
 }
 
+
+def uses_megatron_bridge() -> bool:
+    """Whether verl builds the models with Megatron-Bridge (its default, ``vanilla_mbridge=False``: where it is
+    installed, the current stack) or with the original mbridge (``vanilla_mbridge=True``: the pinned stack)."""
+    from verl_cppack.runtime.checked_fix import installed_version
+
+    return installed_version("megatron-bridge") is not None
+
+
 Pair = tuple[list[int], list[int]]  # (prompt token ids, response token ids)
 MODEL_TYPES = ("language_model", "value_model")  # verl's EngineRegistry keys: actor/reference, critic
 
@@ -101,7 +110,7 @@ def build_megatron_engine(settings: EngineSettings) -> BuiltEngine:
         strategy="megatron",
         dtype="float32",
         use_mbridge=True,
-        vanilla_mbridge=True,
+        vanilla_mbridge=not uses_megatron_bridge(),
         use_distributed_optimizer=False,
         context_parallel_size=settings.context_parallel_size,
         tensor_model_parallel_size=settings.tensor_model_parallel_size,
