@@ -9,6 +9,7 @@ The tests that use this skip where Megatron-Bridge is not installed (the pinned 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -46,5 +47,6 @@ def load(module_name: str) -> types.ModuleType:
         if package not in sys.modules:
             stand_in = types.ModuleType(package)
             stand_in.__path__ = [str(root.joinpath(*parts[2:depth]))]
+            stand_in.__spec__ = importlib.machinery.ModuleSpec(package, None, is_package=True)
             sys.modules[package] = stand_in
     return importlib.import_module(module_name)

@@ -94,7 +94,7 @@ def test_a_vllm_that_cannot_start_is_one_error_line_naming_hf_and_exit_2_before_
 
     monkeypatch.setattr(rollout_choice, "IMPORT_CHECK", "raise ImportError('libtorch_cuda.so: cannot open')")
     output = tmp_path / "out"
-    assert main(["grpo", "--steps", "1", "--output", str(output)]) == 2
+    assert main(["grpo", "--steps", "1", "--rollout", "vllm", "--output", str(output)]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, errors
     assert "--rollout vllm cannot start: vLLM does not import: ImportError: libtorch_cuda.so" in errors[0]

@@ -21,7 +21,6 @@ Specified:
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 
@@ -33,6 +32,7 @@ pytest.importorskip("verl")
 pytest.importorskip("mbridge")
 transformers = pytest.importorskip("transformers")
 
+from tests.stacks import STACK  # noqa: E402
 from tests.verl_engine_cases import (  # noqa: E402
     GRAD_NORM_RELATIVE_TOLERANCE,
     RESPONSE_LENGTH,
@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.stacks]  # verl's Megatron engine in
 # what builds the model: Megatron-Bridge where it is installed (the current stack: verl's default), else mbridge
 MODEL_BUILDER_FIXES = (
     ("transformer-engine-stand-in", "bridge-local-layer-spec")
-    if importlib.util.find_spec("megatron.bridge") is not None
+    if STACK == "current"
     else ("local-layer-spec", "local-layernorm-names")
 )
 
