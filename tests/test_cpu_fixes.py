@@ -336,18 +336,21 @@ def test_hf_rollout_replica_refuses_a_register_with_another_signature():
 # -- the host-device scope and the current stack's targets -----------------------------------------------------
 def test_inside_the_host_device_scope_cuda_answers_for_the_host_and_is_restored_after():
     """megatron-core asks ``torch.cuda.current_device()`` (0.16+) and waits on ``torch.cuda.current_stream()`` in its
-    DDP grad sync (0.17+): inside the scope the host answers both; outside, torch's own functions are back."""
+    DDP grad sync (0.17+), Megatron-Bridge makes a stream and runs under it: inside the scope the host answers all of
+    them; outside, torch's own functions are back."""
     import torch
 
     from verl_cppack.runtime.host_device import host_device_scope
 
-    originals = torch.cuda.current_device, torch.cuda.current_stream
+    originals = torch.cuda.current_device, torch.cuda.current_stream, torch.cuda.Stream, torch.cuda.stream
     with host_device_scope(), host_device_scope():  # re-entrant
         assert torch.cuda.current_device() == "cpu"
         stream = torch.cuda.current_stream()
         stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(torch.cuda.Stream()):  # Megatron-Bridge's DDP wrapping
+            pass
         assert torch.zeros(2, device="cuda").device.type == "cpu"
-    assert (torch.cuda.current_device, torch.cuda.current_stream) == originals
+    assert (torch.cuda.current_device, torch.cuda.current_stream, torch.cuda.Stream, torch.cuda.stream) == originals
 
 
 def test_mbridge_meets_megatron_cores_model_type_without_encoder_and_decoder():

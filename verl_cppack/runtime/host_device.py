@@ -8,8 +8,9 @@ this scope, and nothing else runs under it. Inside the scope:
 
 - a ``TorchFunctionMode`` rewrites a CUDA ``device`` argument (``'cuda'``, ``'cuda:N'``, ``torch.device('cuda')``)
   of any torch function to ``'cpu'``, and turns ``Tensor.cuda()`` into a no-op;
-- ``torch.cuda.current_device()`` returns ``'cpu'`` and ``torch.cuda.current_stream()`` the host's stream (both would
-  raise without a CUDA device: on a CPU build of torch, and on a CUDA build on a machine without one).
+- ``torch.cuda.current_device()`` returns ``'cpu'``; ``torch.cuda.current_stream()``, ``torch.cuda.Stream()`` and
+  ``torch.cuda.stream(...)`` are the host's (each would raise without a CUDA device: on a CPU build of torch, and on
+  a CUDA build on a machine without one).
 
 Rows 4 (RoPE's ``inv_freq`` moved to ``torch.cuda.current_device()``) and 7 (mbridge ``get_model``'s ``.cuda()``)
 of docs/design.md's table of CPU fixes need no fix of their own: model building and forward/backward run in this scope.
