@@ -89,9 +89,9 @@ def preprocess_packed_seqs(
     """
     mask = require_mask("attention_mask", attention_mask)
     ctx = _context_of(pg_collection)
-    plan = dropins.vlm_mask_plan(mask, ctx) or dropins.mask_plan(
-        mask, ctx, Alignment.per_slot(ctx.default_slot_multiple)
-    )
+    plan = dropins.vlm_mask_plan(mask, ctx)  # verl's stream, for the mask verl's build_vlm_attn_mask_thd made
+    if plan is None:  # any other mask: the bridge's own rule
+        plan = dropins.mask_plan(mask, ctx, Alignment.per_slot(ctx.default_slot_multiple))
     params = megatron.packed_seq_params(plan)
     if not pre_process:
         return input_ids, params
