@@ -90,9 +90,9 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
     from megatron.core.packed_seq_params import PackedSeqParams
     from verl.models.mcore import util as verl_util
 
+    from verl_cppack.integrations.megatron import megatron_context
     from verl_cppack.integrations.verl import dropins
     from verl_cppack.integrations.verl.plan_cache import TensorKeyedCache, attach_plan
-    from verl_cppack.integrations.verl.policies import megatron_context
 
     kernel = numba.njit(cache=True, nogil=True)(_plan_kernel)
     cache = TensorKeyedCache()

@@ -46,8 +46,8 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
 
     from verl_cppack.core.alignment import Alignment
     from verl_cppack.core.checks import require_mask
+    from verl_cppack.integrations.megatron import megatron_context
     from verl_cppack.integrations.verl import dropins
-    from verl_cppack.integrations.verl.policies import megatron_context
 
     parallel_state.initialize_model_parallel(context_parallel_size=cp_size)
     ours: list[list[float]] = []

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from verl_cppack.context import ParallelContext
+from verl_cppack.context import ParallelContext, group_size_and_rank
+from verl_cppack.core.checks import require_int
 from verl_cppack.core.host import to_device
 
 if TYPE_CHECKING:
@@ -214,3 +215,58 @@ def parallel_context_from_megatron() -> ParallelContext:
         _CONTEXTS.clear()
     _CONTEXTS[key] = (cp_group, context)
     return context
+
+
+# megatron.core.parallel_state's getter of the dynamic-CP group of a given size: released megatron-core names it
+# ``get_hybrid_data_context_parallel_groups``; verl (0.8+) calls its dev-branch name first.
+DYNAMIC_CP_GROUP_GETTERS = ("get_dynamic_data_context_parallel_groups", "get_hybrid_data_context_parallel_groups")
+
+
+def dynamic_cp_group(local_cp_size: int) -> Any:
+    """verl's dynamic-CP group of ``local_cp_size`` ranks, from whichever getter this megatron-core has."""
+    mpu = parallel_state_module()
+    for name in DYNAMIC_CP_GROUP_GETTERS:
+        get_groups = getattr(mpu, name, None)
+        if get_groups is not None:
+            return get_groups(group_size=local_cp_size)
+    raise ValueError(
+        "local_cp_size (dynamic context parallelism) needs megatron.core.parallel_state."
+        f"{' or '.join(DYNAMIC_CP_GROUP_GETTERS)}, which this megatron-core lacks; pass local_cp_size=None or "
+        "upgrade megatron-core"
+    )
+
+
+def megatron_context(local_cp_size: int | None = None) -> ParallelContext:
+    """TP/CP sizes, CP rank and group as verl reads them from ``megatron.core.parallel_state``.
+
+    ``local_cp_size`` selects verl's dynamic-CP group (``dynamic_cp_group``); this process's rank in it is asked
+    of ``torch.distributed``, as verl does.
+    """
+    if local_cp_size is None:
+        return parallel_context_from_megatron()
+    require_int("local_cp_size", local_cp_size, minimum=1)
+    group = dynamic_cp_group(local_cp_size)
+    return dynamic_cp_context(local_cp_size, group)
+
+
+def dynamic_cp_context(local_cp_size: int, group: Any) -> ParallelContext:
+    """The context of verl's dynamic-CP ``group`` of ``local_cp_size`` ranks (made once per group)."""
+    key = (local_cp_size, id(group))
+    found = _DYNAMIC_CONTEXTS.get(key)
+    if found is not None and found[0] is group:
+        return found[1]
+    _, rank = group_size_and_rank(group)
+    context = ParallelContext(
+        tp_size=parallel_state_module().get_tensor_model_parallel_world_size(),
+        cp_size=local_cp_size,
+        cp_rank=rank,
+        cp_group=group,
+    )
+    context.check_group()
+    if len(_DYNAMIC_CONTEXTS) >= 16:
+        _DYNAMIC_CONTEXTS.clear()
+    _DYNAMIC_CONTEXTS[key] = (group, context)
+    return context
+
+
+_DYNAMIC_CONTEXTS: dict[tuple[int, int], tuple[Any, ParallelContext]] = {}

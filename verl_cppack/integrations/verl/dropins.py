@@ -30,17 +30,16 @@ from verl_cppack.core import host
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.core.checks import require_jagged, require_mask, require_tensor
 from verl_cppack.integrations import megatron
-from verl_cppack.integrations.verl.plan_cache import SourceSnapshot, TensorKeyedCache, attach_plan, attached_plan
-from verl_cppack.integrations.verl.policies import (
+from verl_cppack.integrations.megatron import dynamic_cp_context, megatron_context
+from verl_cppack.integrations.verl.padding import (
     check_include_total_tokens,
     check_layout,
-    dynamic_cp_context,
     engine_bshd_row_length,
     engine_thd_alignment,
     fp8_alignment,
     fp8_block,
-    megatron_context,
 )
+from verl_cppack.integrations.verl.plan_cache import SourceSnapshot, TensorKeyedCache, attach_plan, attached_plan
 from verl_cppack.packing.builders import plan_from_checked_mask, plan_from_lengths, plan_from_nested
 from verl_cppack.packing.plan import PackPlan
 
