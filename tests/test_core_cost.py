@@ -60,13 +60,12 @@ def test_nested_plan_is_flat_and_syncs_once():
     assert syncs_small == syncs_large == 1
 
 
-def test_the_device_scan_reads_its_statistics_as_one_tensor(monkeypatch):
+def test_the_device_scan_reads_its_statistics_as_one_tensor():
     """Where an accelerator holds the mask, each row's count, first and last token are three tensor ops, stacked and
     read in one copy: no concatenation, no conversion, nothing per row (run here on CPU tensors)."""
     _, mask = rollout_batch(16, 64)
-    monkeypatch.setattr(MaskRows, "scan_cpu_masks_on_host", False)
     with OpCounter() as counter, HostReadCounter() as reads:
-        counts, first, last = MaskRows(mask).scan()
+        counts, first, last = MaskRows(mask).scan(on_host=False)
     assert counts.tolist() == mask.sum(1).tolist() and reads.calls == 1
     assert counter.ops["aten.stack"] == 1 and "aten.cat" not in counter.ops and "aten._to_copy" not in counter.ops
     assert counter.total_ops <= 9, dict(counter.ops)

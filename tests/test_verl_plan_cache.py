@@ -163,19 +163,24 @@ def test_an_unchanged_mask_is_planned_once():
     assert record[1] is other[1] and record[0] is other[0]  # the same plan, one snapshot
 
 
-def test_an_accelerator_keeps_no_copy_and_replans_after_an_in_place_edit(monkeypatch):
-    """Off the CPU (forced here on CPU tensors) a cache hit is the same tensor at the same version: no copy of the
-    mask, no device op, no host read, never a device-side assertion; an in-place edit (a new version) re-plans
-    from the current contents."""
-    monkeypatch.setattr(plan_cache.SourceSnapshot, "compare_on_host", False)
+def test_an_accelerator_keeps_no_copy_and_rebuilds_after_an_in_place_edit():
+    """Off the CPU (``keep_contents=False``, what a cache of accelerator tensors does) a hit is the same tensor at the
+    same version: no copy of the source, no device op, no host read, never a device-side assertion; an in-place edit
+    (a new version) builds again."""
+    cache = plan_cache.TensorKeyedCache(keep_contents=False)
     mask = torch.tensor(FIRST, dtype=torch.bool)
-    _, params = dropins.preprocess_packed_seqs(_ids(), mask)
-    assert getattr(params, plan_cache.PLAN_ATTRIBUTE)[0].kept is None
-    ids = _ids()
+    builds = []
+
+    def build() -> int:
+        builds.append(int(mask.sum()))
+        return len(builds)
+
+    value, snapshot = cache.entry(mask, "plan", build)
+    assert snapshot.kept is None and value == 1
     with OpCounter() as counter, HostReadCounter() as reads:
-        dropins.preprocess_packed_seqs(ids, mask, pre_process=False)
+        again, _ = cache.entry(mask, "plan", build)
+    assert again == 1 and builds == [sum(map(sum, FIRST))]
     assert sum(counter.ops.values()) == 0 and reads.calls == 0
     mask.copy_(torch.tensor(OTHER, dtype=torch.bool))
-    packed, _ = dropins.preprocess_packed_seqs(_ids(), mask)
-    expected, _ = dropins.preprocess_packed_seqs(_ids(), torch.tensor(OTHER, dtype=torch.bool))
-    assert torch.equal(packed, expected)
+    rebuilt, _ = cache.entry(mask, "plan", build)
+    assert rebuilt == 2 and builds == [sum(map(sum, FIRST)), sum(map(sum, OTHER))]

@@ -1,13 +1,14 @@
 """Under the stand-ins verl's own unit tests use, the drop-ins run as verl's functions do and give their results.
 
 verl's tests run single-process: they replace ``megatron.core.parallel_state``'s getters with lambdas (no
-initialised parallel state), hand over a plain object (or a tuple) as the CP group, and stand in
-``torch.distributed``'s ``get_world_size`` / ``get_rank`` / ``all_gather`` (here the all-gather hands every
-simulated CP rank's output, collected beforehand; ``all_reduce`` too, which the BSHD gather-back calls on every
-call so that no rank's cache decides its collectives). The drop-ins read the parallel state through the same getters
-and accept any group ``torch.distributed`` — as the process has it — can tell the size and rank of; a string or
-a number stays refused. Compared with verl 0.9.1's own functions at CP=2 (both simulated ranks) and with the
-batch itself.
+initialised parallel state), hand over a plain object (or a tuple) as the CP group — one torch.distributed knows
+nothing of — and stand in ``torch.distributed.all_gather`` (here it hands every simulated CP rank's output,
+collected beforehand, into buffers that must have the shape of the local output, as verl's stand-ins copy them;
+``all_reduce`` too, which the BSHD gather-back calls on every call so that no rank's cache decides its
+collectives). The drop-ins trust megatron's getters for the group's size and this rank, as verl does: torch.distributed
+is never asked about the group. What megatron says is still checked: a rank outside the size, a string or a number
+as the group are refused. Compared with verl 0.9.1's own functions at CP=2 (both simulated ranks) and with the batch
+itself.
 """
 
 from __future__ import annotations
@@ -30,14 +31,12 @@ class Stubs:
     """verl-style stand-ins for one simulated CP rank at a time."""
 
     def __init__(self, monkeypatch, group: object) -> None:
-        self.monkeypatch, self.group, self.rank, self.gathered = monkeypatch, group, 0, []
+        self.monkeypatch, self.group, self.rank, self.gathered, self.buffer_shapes = monkeypatch, group, 0, [], []
         mpu = verl_util.mpu  # megatron's parallel_state module, as verl's util holds it
         monkeypatch.setattr(mpu, "get_tensor_model_parallel_world_size", lambda: 1)
         monkeypatch.setattr(mpu, "get_context_parallel_world_size", lambda: CP)
         monkeypatch.setattr(mpu, "get_context_parallel_rank", lambda: self.rank)
         monkeypatch.setattr(mpu, "get_context_parallel_group", lambda: self.group)
-        monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: CP)
-        monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: self.rank)
         monkeypatch.setattr(torch.distributed, "all_gather", self.all_gather)
         monkeypatch.setattr(torch.distributed, "all_reduce", self.all_reduce)
         ours.clear_plan_caches()
@@ -49,7 +48,8 @@ class Stubs:
         tensor.copy_(MASK.sum(dim=1))
 
     def all_gather(self, outputs, tensor, group=None):  # the arguments verl passes (no async_op)
-        assert group is self.group
+        assert group is self.group and len(outputs) == CP
+        self.buffer_shapes.append({tuple(output.shape) for output in outputs} | {tuple(tensor.shape)})
         for output, rank_output in zip(outputs, self.gathered):
             output.copy_(rank_output.reshape(output.shape))
 
@@ -95,6 +95,8 @@ def test_the_drop_ins_run_under_verls_test_stubs_and_equal_verl(monkeypatch, gro
     }
     for name, case in cases.items():
         theirs, mine = case(verl_util), case(ours)
+        if name != "bshd engine":  # verl's THD buffers are shaped like its local output [1, T/CP]: so are ours
+            assert stubs.buffer_shapes[-1] == {tuple(stubs.gathered[0].shape)}, name
         for a, b in zip(theirs, mine):
             a, b = (a.values(), b.values()) if a.is_nested else (a, b)
             assert torch.equal(a, b), name
@@ -111,25 +113,21 @@ def test_a_string_or_a_number_is_no_group_whatever_the_stubs_answer(monkeypatch,
         ParallelContext(cp_size=CP, cp_group=group)
 
 
-def test_an_object_torch_distributed_cannot_answer_for_is_a_clear_error(monkeypatch):
-    """Without stand-ins for ``get_world_size`` / ``get_rank``, torch.distributed's own failure becomes the error."""
+def test_torch_distributed_is_never_asked_about_megatrons_group(monkeypatch):
     stubs = Stubs(monkeypatch, object())
-    monkeypatch.undo()
-    mpu = verl_util.mpu
-    monkeypatch.setattr(mpu, "get_tensor_model_parallel_world_size", lambda: 1)
-    monkeypatch.setattr(mpu, "get_context_parallel_world_size", lambda: CP)
-    monkeypatch.setattr(mpu, "get_context_parallel_rank", lambda: 0)
-    monkeypatch.setattr(mpu, "get_context_parallel_group", lambda: stubs.group)
-    with pytest.raises(
-        TypeError, match=r"torch.distributed could not tell the size and rank of object .*AttributeError"
-    ):
-        ours.preprocess_packed_seqs(IDS, MASK)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.distributed asked about the group")
+
+    monkeypatch.setattr(torch.distributed, "get_world_size", refuse)
+    monkeypatch.setattr(torch.distributed, "get_rank", refuse)
+    local, params = ours.preprocess_packed_seqs(IDS, MASK)
+    stubs.gathered = [local * 10] * CP
+    ours.postprocess_packed_seqs(local * 10, params, MASK, *MASK.shape)
 
 
-def test_a_group_whose_answers_disagree_with_the_parallel_state_is_refused(monkeypatch):
-    Stubs(monkeypatch, object())
-    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 4)
-    with pytest.raises(
-        ValueError, match="ctx.cp_group has size 4 and this process is its rank 0, but ctx says cp_size=2"
-    ):
+def test_a_rank_megatron_places_outside_its_size_is_refused(monkeypatch):
+    stubs = Stubs(monkeypatch, object())
+    stubs.rank = CP
+    with pytest.raises(ValueError, match="cp_rank must satisfy 0 <= cp_rank < cp_size, got cp_rank=2, cp_size=2"):
         ours.preprocess_packed_seqs(IDS, MASK)

@@ -19,6 +19,16 @@ def _require_positive_int(name: str, value: object) -> None:
 _NOT_A_GROUP = (str, bytes, int, float, complex)  # never a process group, whatever torch.distributed would answer
 
 
+def _refuse_non_group(cp_group: object) -> None:
+    """A string or a number is never a process group, whatever torch.distributed or a stand-in would answer."""
+    if isinstance(cp_group, _NOT_A_GROUP):
+        raise TypeError(
+            f"cp_group must be a torch.distributed.ProcessGroup (or an object torch.distributed accepts as a group) "
+            f"or None, got {type(cp_group).__name__} ({cp_group!r}); e.g. torch.distributed.group.WORLD after "
+            "init_process_group"
+        )
+
+
 def group_size_and_rank(cp_group: object) -> tuple[int, int]:
     """``(size, this process's rank)`` of ``cp_group`` as ``torch.distributed`` answers them — the module as the
     caller's process has it (a test that stands in its own ``get_world_size`` / ``get_rank`` is asked too).
@@ -26,12 +36,7 @@ def group_size_and_rank(cp_group: object) -> tuple[int, int]:
     A group is whatever ``torch.distributed`` accepts as one: its failure to answer becomes a ``TypeError``
     naming ``cp_group``; a string or a number is refused before it is asked.
     """
-    if isinstance(cp_group, _NOT_A_GROUP):
-        raise TypeError(
-            f"cp_group must be a torch.distributed.ProcessGroup (or an object torch.distributed accepts as a group) "
-            f"or None, got {type(cp_group).__name__} ({cp_group!r}); e.g. torch.distributed.group.WORLD after "
-            "init_process_group"
-        )
+    _refuse_non_group(cp_group)
     import torch.distributed as dist
 
     try:
@@ -55,15 +60,19 @@ class ParallelContext:
     """Tensor- and context-parallel sizes of the calling rank.
 
     ``cp_group`` is the process group the CP ranks all-gather over; it may stay ``None`` while
-    ``cp_size == 1`` (nothing is communicated) and must be set before a collective with ``cp_size > 1``. It is
-    checked by behaviour when the context is made: ``torch.distributed`` must tell its size and this process's
-    rank in it (``group_size_and_rank``); ``check_group`` compares them with ``cp_size`` / ``cp_rank``.
+    ``cp_size == 1`` (nothing is communicated) and must be set before a collective with ``cp_size > 1``. A group
+    given by hand is checked by behaviour when the context is made: ``torch.distributed`` must tell its size and
+    this process's rank in it (``group_size_and_rank``); ``check_group`` compares them with ``cp_size`` /
+    ``cp_rank``. ``group_from_megatron=True``: ``cp_size`` / ``cp_rank`` are megatron's answers for ``cp_group``
+    and are trusted as verl trusts them (``torch.distributed`` is not asked; verl's own unit tests stand in a
+    group torch.distributed does not know).
     """
 
     tp_size: int = 1
     cp_size: int = 1
     cp_rank: int = 0
     cp_group: Any = None
+    group_from_megatron: bool = field(default=False, repr=False, compare=False, kw_only=True)
     # (size, rank) torch.distributed gave for cp_group when the context was made; None without a group
     group_answer: tuple[int, int] | None = field(default=None, init=False, repr=False, compare=False)
     # the hash of the compared fields, computed once: plans are cached under contexts, looked up on every call
@@ -78,7 +87,11 @@ class ParallelContext:
             raise ValueError(
                 f"cp_rank must satisfy 0 <= cp_rank < cp_size, got cp_rank={self.cp_rank}, cp_size={self.cp_size}"
             )
-        if self.cp_group is not None:
+        if not isinstance(self.group_from_megatron, bool):
+            raise TypeError(f"group_from_megatron must be True or False, got {self.group_from_megatron!r}")
+        if self.group_from_megatron:
+            _refuse_non_group(self.cp_group)
+        elif self.cp_group is not None:
             object.__setattr__(self, "group_answer", group_size_and_rank(self.cp_group))
         object.__setattr__(self, "_hash", hash((self.tp_size, self.cp_size, self.cp_rank, self.cp_group)))
 
@@ -86,7 +99,7 @@ class ParallelContext:
         return self._hash
 
     def __reduce__(self) -> tuple:  # made anew where it is unpickled: the hash of None differs between processes
-        return (ParallelContext, (self.tp_size, self.cp_size, self.cp_rank, self.cp_group))
+        return (_made_again, (self.tp_size, self.cp_size, self.cp_rank, self.cp_group, self.group_from_megatron))
 
     @property
     def default_slot_multiple(self) -> int:
@@ -105,3 +118,7 @@ class ParallelContext:
                 f"ctx.cp_group has size {group_size} and this process is its rank {group_rank}, but ctx says "
                 f"cp_size={self.cp_size}, cp_rank={self.cp_rank}; build the context from the same group"
             )
+
+
+def _made_again(tp_size: int, cp_size: int, cp_rank: int, cp_group: Any, group_from_megatron: bool) -> ParallelContext:
+    return ParallelContext(tp_size, cp_size, cp_rank, cp_group, group_from_megatron=group_from_megatron)

@@ -13,43 +13,30 @@ from verl_cppack.core.checks import require_context, require_tensor
 
 GradientContract = Literal["local", "sum"]
 
-_TORCH_ALL_GATHER = dist.all_gather  # torch's own, as imported (tests may put a stand-in in its place)
-# every rank's tensor into one output tensor: ``all_gather_single`` from torch 2.13 on, which deprecates the older name
-_ALL_GATHER_INTO_TENSOR = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-
-def all_gather_into(output: torch.Tensor, local: torch.Tensor, group: Any, async_op: bool = False) -> Any:
+def all_gather_into(output: torch.Tensor, local: torch.Tensor, group: Any, cp_size: int | None = None) -> None:
     """Every rank's ``local`` ``[T_local, *]`` into ``output`` ``[cp_size * T_local, *]`` (rank 0 first): one
-    collective; the work handle with ``async_op``."""
-    return _ALL_GATHER_INTO_TENSOR(output, local, group=group, async_op=async_op)
+    ``torch.distributed.all_gather`` called as verl calls it, blocking, with this rank's rows as ``[1, T_local, *]``
+    (the shape of verl's local output) into one such buffer per rank — views of ``output``, so nothing is copied
+    after. Whoever wraps ``torch.distributed.all_gather`` (a profiler, verl's unit tests) sees every call."""
+    if cp_size is None:
+        cp_size = output.shape[0] // local.shape[0]
+    buffers = output.view(cp_size, 1, *local.shape).unbind(0)  # cp_size x [1, T_local, *]
+    dist.all_gather(list(buffers), local.unsqueeze(0), group=group)
 
 
 def _gathered(
     local: torch.Tensor, parallel: ParallelContext, while_waiting: Callable[[], object] | None
 ) -> torch.Tensor:
-    """Every rank's ``local`` ``[T_local, *]`` concatenated (rank 0 first): one all-gather straight into the output
-    (no autograd). ``while_waiting`` runs on the host while the all-gather is in flight (the copy back's index is
-    built there); the all-gather is waited for even if it raises, so no buffer is freed under a collective and every
-    rank's collectives stay in step."""
+    """Every rank's ``local`` ``[T_local, *]`` concatenated (rank 0 first), no autograd. ``while_waiting`` runs on
+    the host once the collective is enqueued (on an accelerator it overlaps the transfer)."""
     wire = local.contiguous()
     if wire.dtype == torch.bool:  # gloo has no bool all-gather; same bytes as uint8
         wire = wire.view(torch.uint8)
-    local_length = wire.shape[0]
-    gathered = wire.new_empty((parallel.cp_size * local_length, *wire.shape[1:]))
-    if dist.all_gather is _TORCH_ALL_GATHER:  # started now, waited for once ``while_waiting`` is done
-        work = all_gather_into(gathered, wire, parallel.cp_group, async_op=True)
-    else:  # a stand-in put in torch.distributed (verl's tests have their own): called as verl calls it, blocking,
-        # with one buffer per rank shaped like the local output
-        dist.all_gather(
-            list(gathered.split_with_sizes([local_length] * parallel.cp_size)), wire, group=parallel.cp_group
-        )
-        work = None
-    try:
-        if while_waiting is not None:
-            while_waiting()
-    finally:
-        if work is not None:
-            work.wait()
+    gathered = wire.new_empty((parallel.cp_size * wire.shape[0], *wire.shape[1:]))
+    all_gather_into(gathered, wire, parallel.cp_group, parallel.cp_size)
+    if while_waiting is not None:
+        while_waiting()
     return gathered.view(torch.bool) if local.dtype == torch.bool else gathered
 
 

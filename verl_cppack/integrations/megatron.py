@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from verl_cppack.context import ParallelContext, group_size_and_rank
+from verl_cppack.context import ParallelContext
 from verl_cppack.core.checks import require_int
 from verl_cppack.core.host import to_device
 
@@ -209,8 +209,7 @@ def parallel_context_from_megatron() -> ParallelContext:
     found = _CONTEXTS.get(key)
     if found is not None and found[0] is cp_group:
         return found[1]
-    context = ParallelContext(tp_size=tp_size, cp_size=cp_size, cp_rank=cp_rank, cp_group=cp_group)
-    context.check_group()
+    context = ParallelContext(tp_size, cp_size, cp_rank, cp_group, group_from_megatron=True)
     if len(_CONTEXTS) >= 16:  # groups of torn-down parallel states: let them go
         _CONTEXTS.clear()
     _CONTEXTS[key] = (cp_group, context)
@@ -239,8 +238,8 @@ def dynamic_cp_group(local_cp_size: int) -> Any:
 def megatron_context(local_cp_size: int | None = None) -> ParallelContext:
     """TP/CP sizes, CP rank and group as verl reads them from ``megatron.core.parallel_state``.
 
-    ``local_cp_size`` selects verl's dynamic-CP group (``dynamic_cp_group``); this process's rank in it is asked
-    of ``torch.distributed``, as verl does.
+    ``local_cp_size`` selects verl's dynamic-CP group (``dynamic_cp_group``) of that many ranks; this process's
+    rank in it is asked of ``torch.distributed.get_rank(group)``, as verl does.
     """
     if local_cp_size is None:
         return parallel_context_from_megatron()
@@ -255,14 +254,18 @@ def dynamic_cp_context(local_cp_size: int, group: Any) -> ParallelContext:
     found = _DYNAMIC_CONTEXTS.get(key)
     if found is not None and found[0] is group:
         return found[1]
-    _, rank = group_size_and_rank(group)
-    context = ParallelContext(
-        tp_size=parallel_state_module().get_tensor_model_parallel_world_size(),
-        cp_size=local_cp_size,
-        cp_rank=rank,
-        cp_group=group,
-    )
-    context.check_group()
+    import torch.distributed as dist
+
+    try:
+        rank = dist.get_rank(group=group)
+    except Exception as error:  # noqa: BLE001 - whatever torch.distributed raises: not a group it knows
+        raise ValueError(
+            f"local_cp_size={local_cp_size}: torch.distributed cannot tell this process's rank in the dynamic-CP "
+            f"group {group!r} ({type(error).__name__}: {error}); initialise torch.distributed and megatron's "
+            "dynamic context-parallel groups first"
+        ) from error
+    tp_size = parallel_state_module().get_tensor_model_parallel_world_size()
+    context = ParallelContext(tp_size, local_cp_size, rank, group, group_from_megatron=True)
     if len(_DYNAMIC_CONTEXTS) >= 16:
         _DYNAMIC_CONTEXTS.clear()
     _DYNAMIC_CONTEXTS[key] = (group, context)

@@ -20,12 +20,9 @@ from verl_cppack.core.runs import counting
 class MaskRows:
     """The token mask of a padded batch (``[B, S]``, bool or 0/1 integers) and its per-row statistics (``scan``)."""
 
-    scan_cpu_masks_on_host = True  # tests turn it off to run the accelerator's tensor-op scan on CPU tensors
-
     def __init__(self, attention_mask: torch.Tensor) -> None:
         self.device = attention_mask.device
         self.shape: tuple[int, int] = tuple(attention_mask.shape)  # (B, S)
-        self.on_host = self.device.type == "cpu" and self.scan_cpu_masks_on_host
         self._given = attention_mask
 
     @property
@@ -34,11 +31,13 @@ class MaskRows:
         mask = self._given
         return mask if mask.dtype == torch.bool else mask != 0
 
-    def scan(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def scan(self, on_host: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(tokens, first token column, last token column)`` per row [B] int64 (an empty row has 0 tokens and
-        meaningless columns): the plan's one device->host read. ``ValueError`` for mask values other than 0/1."""
+        meaningless columns): the plan's one device->host read. ``ValueError`` for mask values other than 0/1.
+        ``on_host``: numpy on the mask's memory (``None``: where the mask is on the CPU) or tensor ops (an
+        accelerator's way, on any device)."""
         seq_len = self.shape[1]
-        if self.on_host:
+        if self.device.type == "cpu" if on_host is None else on_host:
             values = host.host_memory(self._given)  # [B, S] the mask's memory (a strided view is read as it is)
             if values.dtype != np.bool_:
                 _check_values(np.count_nonzero(values.view(f"u{values.itemsize}") > 1))  # negatives wrap around

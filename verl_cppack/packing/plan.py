@@ -131,10 +131,16 @@ class PackPlan:
 
     @cached_property
     def local_token_positions(self) -> torch.Tensor:
-        """[1, T_local] int64 offset inside the sequence at real tokens, 0 at padding (verl's engine position ids;
-        callers that hand it out clone it)."""
+        """[1, T_local] int64 verl's engine position ids: the offset inside the sequence at real tokens, 0 at padding
+        — except, under zigzag CP, in each slot's front chunk, whose padding verl numbers with its slot offsets
+        (callers that hand it out clone it)."""
         positions = self._local_offsets.copy()
-        positions[self._pack_index(0, False)[1]] = 0
+        padding = self._pack_index(0, False)[1]
+        if self.layout.name == "zigzag" and self.ctx.cp_size > 1:
+            runs = self.local_runs
+            front = runs.offset < runs.per_run(self.tables.seqlens_padded) // 2  # [k] the slot's front chunk
+            padding = padding[~np.repeat(front, runs.length)[padding]]
+        positions[padding] = 0
         return to_device(positions, self.device).view(1, -1)
 
     @cached_property

@@ -67,15 +67,16 @@ def _same_contents_on_host(tensor: torch.Tensor, kept: bytes | np.ndarray) -> bo
 class SourceSnapshot:
     """The tensor a plan was built from: a weak reference, its version and a copy of its contents."""
 
-    compare_on_host = True  # tests turn it off to run the accelerator's branch (no copy, no compare) on CPU tensors
-
     __slots__ = ("reference", "version", "kept")
 
-    def __init__(self, source: torch.Tensor, reference: weakref.ref | None = None) -> None:
+    def __init__(
+        self, source: torch.Tensor, reference: weakref.ref | None = None, keep_contents: bool | None = None
+    ) -> None:
         self.reference = weakref.ref(source) if reference is None else reference
         self.version = source._version
-        # a copy of a CPU source's contents (compared on every hit); none on an accelerator
-        self.kept = _host_copy(source) if source.device.type == "cpu" and self.compare_on_host else None
+        # a copy of the contents, compared on every hit (``keep_contents=None``: a CPU source's; none on an accelerator)
+        keep = source.device.type == "cpu" if keep_contents is None else keep_contents
+        self.kept = _host_copy(source) if keep else None
 
     def matches(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is the source, unchanged: the same object at the same version (torch's in-place
@@ -98,8 +99,8 @@ class TensorKeyedCache:
     middle of this cache's own loop over its entries (dropping them there raised "OrderedDict mutated during
     iteration"). Until then a dead source's entries cannot be found: their snapshot's reference answers ``None``."""
 
-    def __init__(self, capacity: int = 8) -> None:
-        self._capacity = capacity
+    def __init__(self, capacity: int = 8, keep_contents: bool | None = None) -> None:
+        self._capacity, self._keep_contents = capacity, keep_contents  # keep_contents: as ``SourceSnapshot`` takes it
         self._entries: OrderedDict[tuple, tuple[SourceSnapshot, Any]] = OrderedDict()
         self._snapshots: dict[tuple[int, int], SourceSnapshot] = {}
         self._dead: list[tuple[tuple[int, int], SourceSnapshot]] = []  # appended to by the callbacks alone
@@ -167,7 +168,7 @@ class TensorKeyedCache:
         def forget(_reference: weakref.ref, source_key: tuple = source_key) -> None:  # the source died: noted only
             dead.append((source_key, snapshot))
 
-        snapshot = SourceSnapshot(source, weakref.ref(source, forget))
+        snapshot = SourceSnapshot(source, weakref.ref(source, forget), self._keep_contents)
         self._snapshots[source_key] = snapshot
         return snapshot
 
