@@ -13,6 +13,8 @@ itself.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.distributed
@@ -131,3 +133,35 @@ def test_a_rank_megatron_places_outside_its_size_is_refused(monkeypatch):
     stubs.rank = CP
     with pytest.raises(ValueError, match="cp_rank must satisfy 0 <= cp_rank < cp_size, got cp_rank=2, cp_size=2"):
         ours.preprocess_packed_seqs(IDS, MASK)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"cp_layout": "contiguous"}, {"local_cp_size": CP}, {"min_local_rows": 16}],
+    ids=["zigzag", "contiguous", "dynamic-cp", "min-local-rows"],
+)
+def test_the_engine_preprocess_equals_verls_under_its_stubs_position_ids_included(monkeypatch, options):
+    """verl's tests of ``preprocess_thd_engine`` check the position ids too, padding included (under zigzag CP verl
+    numbers the padding of each slot's front chunk with its offsets); dynamic CP hands a tuple as the group, from
+    ``get_dynamic_data_context_parallel_groups``, and the rank from ``torch.distributed.get_rank`` as verl asks it."""
+    stubs = Stubs(monkeypatch, object())
+    monkeypatch.setattr(
+        verl_util.mpu, "get_dynamic_data_context_parallel_groups", lambda group_size: ("dcp", group_size), raising=False
+    )
+
+    class PackedSeqParams:  # verl's stand-in: takes any field (the contiguous layout's cp_partition_mode too)
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+
+    monkeypatch.setattr(verl_util, "PackedSeqParams", PackedSeqParams)
+    monkeypatch.setattr(verl_util, "_PACKED_SEQ_PARAMS_HAS_CP_PARTITION_MODE", True)  # as its import would find
+    monkeypatch.setattr(sys.modules["megatron.core.packed_seq_params"], "PackedSeqParams", PackedSeqParams)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: stubs.rank)
+    for rank in range(CP):
+        stubs.rank = rank
+        theirs = verl_util.preprocess_thd_engine(_nested(IDS), **options)
+        mine = ours.preprocess_thd_engine(_nested(IDS), **options)
+        assert torch.equal(mine[0], theirs[0]) and torch.equal(mine[2], theirs[2]), rank
+        assert torch.equal(mine[1].cu_seqlens_q_padded, theirs[1].cu_seqlens_q_padded)
+        if "local_cp_size" in options:
+            assert mine[1].cp_group == theirs[1].cp_group == ("dcp", CP) and mine[1].local_cp_size == CP
