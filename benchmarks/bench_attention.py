@@ -21,18 +21,10 @@ import warnings
 
 import torch
 
+from verl_cppack.bench.batches import rollout_batch
 from verl_cppack.runtime.gloo_world import run_world
 
 VOCAB = 512
-
-
-def make_batch(batch_size: int, seq_len: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded rows with lengths uniform in [seq_len/8, seq_len] (one row full length)."""
-    generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(0, VOCAB, (batch_size, seq_len), generator=generator)
-    lengths = torch.randint(seq_len // 8, seq_len + 1, (batch_size,), generator=generator)
-    lengths[0] = seq_len
-    return input_ids, torch.arange(seq_len).unsqueeze(0) < lengths.unsqueeze(1)
 
 
 def timed_interleaved(steps: dict, repeats: int) -> dict[str, float]:
@@ -81,7 +73,7 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace) -> dict:
     from verl_cppack.runtime.tiny_gpt import build_tiny_gpt, init_megatron_parallel
 
     ctx = init_megatron_parallel(cp_size=world_size)
-    input_ids, mask = make_batch(args.batch_size, args.seq_len)
+    input_ids, mask = rollout_batch(args.batch_size, args.seq_len, vocab_size=VOCAB)
     plan = plan_from_mask(mask, ctx)
 
     def model(attention):
@@ -119,7 +111,7 @@ def main() -> None:
         "--threads", type=int, default=1, help="torch threads per process (1 is steadiest on a busy box)"
     )
     args = parser.parse_args()
-    _, mask = make_batch(args.batch_size, args.seq_len)
+    _, mask = rollout_batch(args.batch_size, args.seq_len, vocab_size=VOCAB)
     print(f"batch {args.batch_size} x {args.seq_len}: {int(mask.sum())} valid tokens of {mask.numel()}")
 
     single = run_at(1, args)

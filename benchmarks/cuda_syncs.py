@@ -27,30 +27,24 @@ from pathlib import Path
 import torch
 
 from verl_cppack.bench.settings import check_grid, int_list, refuse
+from verl_cppack.integrations.verl.comparison import PSP_FIELDS, Comparison
 from verl_cppack.runtime.gloo_world import run_world
 
-PARAMS_FIELDS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "max_seqlen_q")
+PARAMS_FIELDS = PSP_FIELDS  # the PackedSeqParams fields compared
 
 
 def _differences(theirs: tuple, ours: tuple) -> list[str]:
-    """Where the drop-ins' ``(packed, params, outputs)`` differ from verl's (device, dtype or any value)."""
-    found = []
-    (packed_v, params_v, outputs_v), (packed_o, params_o, outputs_o) = theirs, ours
-    if packed_o.device != packed_v.device or packed_o.dtype != packed_v.dtype or not torch.equal(packed_v, packed_o):
-        found.append("packed input_ids")
-    for field in PARAMS_FIELDS:
-        a, b = getattr(params_v, field), getattr(params_o, field)
-        same = torch.equal(a.cpu(), b.cpu()) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
-        if not same:
-            found.append(f"PackedSeqParams.{field}")
-    for index, (v, o) in enumerate(zip(outputs_v, outputs_o, strict=True)):
-        if o.is_nested != v.is_nested:
-            found.append(f"gathered output {index}")
-            continue
-        parts = [(v.values(), o.values()), (v.offsets(), o.offsets())] if v.is_nested else [(v, o)]
-        if any(b.device != a.device or b.dtype != a.dtype or not torch.equal(a, b) for a, b in parts):
-            found.append(f"gathered output {index}")
-    return found
+    """Where the drop-ins' ``(packed, params, outputs)`` differ from verl's (``comparison.Comparison``: device, dtype,
+    shape or any value)."""
+    found = Comparison()
+    found.tensors("packed input_ids", "", theirs[0], ours[0])
+    found.params("PackedSeqParams", "", theirs[1], ours[1])
+    for index, (verl_output, our_output) in enumerate(zip(theirs[2], ours[2], strict=True)):
+        found.tensors(f"gathered output {index}", "", verl_output, our_output)
+    names = (
+        f.function + ("." + f.where.split(":")[0][7:] if f.where.startswith("params.") else "") for f in found.findings
+    )
+    return list(dict.fromkeys(names))
 
 
 def _rank(rank: int, cp_size: int, device_type: str, batch_sizes, seq_lens, functions: str) -> list[dict]:

@@ -1,10 +1,11 @@
-"""Reading ATen op counts for the "flat in B" contract.
+"""Reading ATen op counts for the "flat in B" contract, leniently.
 
-The one data-dependent step: a copy with no position to zero (no padding, no missing target) skips its
-``index_fill_``, and its plan sends no table of zero positions (one ``lift_fresh`` on the CPU, once per distinct
-copy a plan builds). Fills are checked as "at most once per copy"; host tables are not compared (each is one
-per plan table, never per sequence); every other op is compared exactly. Check in the test process, not inside a
-gloo rank (a rank that fails early would leave the others waiting in a collective).
+A plan's copies dispatch the same ops for every batch of one padding policy (a copy zeroes its padding wherever the
+policy can pad, with nothing to zero or not: ``tests/test_core_cost.py`` and ``tests/test_verl_cost.py`` compare
+every op exactly). This reader is for callers whose plans are of several policies: fills are checked as "at most
+once per copy"; host tables are not compared (each is one per plan table, never per sequence); every other op is
+compared exactly. Check in the test process, not inside a gloo rank (a rank that fails early would leave the others
+waiting in a collective).
 """
 
 FILL, HOST_TABLE = "aten.index_fill_", "aten.lift_fresh"

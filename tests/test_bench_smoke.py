@@ -154,6 +154,7 @@ def test_the_vlm_mask_builders_are_measured_at_cp_1():
 def test_times_of_several_runs_are_their_medians_and_counts_come_from_the_first():
     def run(scale):
         times = {"preprocess_ms": 1.0 * scale, "postprocess_ms": 2.0 * scale, "step_ms": 3.0 * scale, "aten_ops": 51}
+        times.update(preprocess_spread=0.1 * scale, postprocess_spread=0.05 * scale)  # verl's own noise, per run
         return {
             "batch_size": 8,
             "verl": dict(times),
@@ -169,6 +170,7 @@ def test_times_of_several_runs_are_their_medians_and_counts_come_from_the_first(
     assert row["ratio_by_run"]["postprocess"] == [1.0, 1.0, 1.0]
     assert row["floor"]["all_gathers_ms"] == 2.0 and row["floor"]["preprocess_ms"] == 2.0
     assert row["verl"]["aten_ops"] == 51
+    assert row["verl"]["preprocess_spread"] == 0.2 and row["verl"]["postprocess_spread"] == 0.1  # medians too
 
 
 def test_every_micro_batch_is_a_new_batch_with_new_lengths():

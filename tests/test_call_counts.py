@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from verl_cppack.integrations.verl import call_counts
+from verl_cppack.jobs import call_counts
 
 
 def dropin(x):

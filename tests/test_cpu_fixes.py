@@ -54,6 +54,19 @@ def test_every_fix_refuses_a_version_outside_its_range_before_touching_its_modul
     assert vars(target).keys() == {"__name__", "__doc__", "__package__", "__loader__", "__spec__"}
 
 
+@pytest.mark.parametrize("fix", [fix for fix in fixes.FIXES if fix.needs], ids=lambda fix: fix.name)
+def test_a_fix_whose_distribution_is_absent_is_not_needed_before_its_module_ever_loads(fix, monkeypatch):
+    """Its module cannot load where the distribution is absent (Megatron-Bridge's on the pinned stack): the fix is
+    'not needed' as soon as it is armed, never left 'waiting' (which ``doctor --verify`` counts as a failure)."""
+    monkeypatch.setattr(fix_module, "installed_version", lambda distribution: None)
+    armed = FixSet()
+    armed.arm(dataclasses.replace(fix, module="verl_cppack_test_never_loaded"))
+    assert (armed.statuses[fix.name].state, armed.statuses[fix.name].detail) == (
+        "not needed",
+        f"{fix.needs} is not installed",
+    )
+
+
 def test_every_fix_names_a_distribution_with_a_pep440_range_and_its_target_module():
     """Each fix says which distribution and versions it was written for, as a PEP 440 range the installed
     version can be checked against, and which module it changes."""

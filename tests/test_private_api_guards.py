@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from verl_cppack.integrations.verl import call_counts
+from verl_cppack.jobs import call_counts
 
 
 def test_a_ray_without_its_private_key_value_functions_is_named_with_the_way_around(monkeypatch):

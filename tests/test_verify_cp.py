@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import json
 
 import pytest
 
 from verl_cppack.cli import main
-from verl_cppack.cli.verify_cp import rollout_batch, verl_forward_available
+from verl_cppack.cli.verify_cp import verify_batch, verl_forward_available
 
 pytestmark = pytest.mark.slow  # the tiny GPT at CP=1 and CP=2 in gloo processes
 
@@ -18,10 +20,19 @@ def test_verify_cp_2_passes_and_writes_the_report(attention, tmp_path):
     assert main(["verify-cp", "--cp", "2", "--attention", attention, "--json", str(report_path)]) == 0
     report = json.loads(report_path.read_text())
     assert report["cp"] == 2 and report["attention"] == attention and report["passed"] is True
-    assert report["used_verl_forward"] is verl_forward_available()
+    assert report["used_verl_forward"] is _verl_installed()  # auto: verl's forward wherever verl is installed
     assert 0 <= report["logprob_max_abs_diff"] <= 1e-5
     assert 0 <= report["entropy_max_abs_diff"] <= 1e-5
     assert 0 <= report["grad_max_rel_diff"] <= 1e-4
+    assert report["tolerances"] == {"logprob_abs": 1e-5, "entropy_abs": 1e-5, "grad_rel": 1e-4}
+
+
+def _verl_installed() -> bool:
+    try:
+        importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize(
@@ -39,13 +50,15 @@ def test_verify_cp_refuses_what_it_cannot_check_with_exit_code_2(argv, message, 
 
 
 def test_the_rollout_batch_has_left_padded_prompts_right_padded_responses_and_a_two_token_row():
-    input_ids, mask = rollout_batch(batch_size=5, prompt_length=6, response_length=7, seed=3)
+    args = argparse.Namespace(batch_size=5, prompt_length=6, response_length=7, seed=3)
+    input_ids, mask = verify_batch(args)
     assert input_ids.shape == mask.shape == (5, 13)
     prompt, response = mask[:, :6], mask[:, 6:]
     assert (prompt.int().diff(dim=1) >= 0).all()  # left padding: once valid, valid to the end of the prompt
     assert (response.int().diff(dim=1) <= 0).all()  # right padding
     assert prompt[:, -1].all() and response[:, 0].all()
     assert mask[0].sum() == 2
+    assert input_ids.min() >= 0 and input_ids.max() < 97  # inside the tiny GPT's vocabulary
 
 
 def test_a_stand_in_verl_module_without_a_spec_means_no_verl_forward(monkeypatch):

@@ -39,16 +39,30 @@ def test_an_output_that_is_a_directory_is_refused_first(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the command would run every GPU check")
 def test_the_command_without_cuda_exits_2():
     result = subprocess.run(
         [sys.executable, "-m", "verl_cppack.cli", "verify-gpu"], capture_output=True, text=True, timeout=300
     )
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
     assert result.returncode == 2 and result.stdout == ""
     assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
         result.stderr.strip().splitlines()[-1]
     ]
+
+
+def test_an_unknown_argument_is_refused_before_anything_runs(capsys):
+    from verl_cppack.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["verify-gpu", "--cp", "2"])
+    assert exit_info.value.code == 2 and "unrecognized arguments: --cp 2" in capsys.readouterr().err
+
+
+def test_the_checked_masks_hold_a_1_token_row_and_rows_with_gaps():
+    mask = verify_gpu._random_mask(torch.Generator().manual_seed(0), batch=32, seq_len=24)
+    lengths = mask.sum(1)
+    assert lengths[0] == 1 and (lengths >= 1).all() and (lengths > 3).any()
+    assert ((mask.int().diff(dim=1) == 1).sum(1) >= 2).any()  # some row starts a run of tokens twice: a gap
 
 
 def test_the_zigzag_index_agrees_with_transformer_engines_kernel():

@@ -3,7 +3,7 @@
 The stand-in "verl 0.10.0" is verl 0.9.1's wheel (``tests.verl_releases``) with its version file saying 0.10.0 and
 two changes to ``verl/models/mcore/util.py`` that no signature shows: ``preprocess_packed_seqs`` aligns every slot
 to ``TP*CP*4`` and ``preprocess_thd_engine`` returns position ids counted from 1. 0.10.0 is no release the matrix
-tests, so the drop-ins verify themselves (``verification``): after the first micro-batch every function verl's
+tests, so the drop-ins check themselves (``runtime_check``): after the first micro-batch every function verl's
 forward calls returns that release's own results, one warning names each function put back and the difference,
 ``status()`` lists them, and ``verl-cppack doctor --verify`` lists them too and exits 1.
 """
@@ -66,7 +66,8 @@ def _python(folder: Path, *args: str, **extra: str) -> subprocess.CompletedProce
 RUN_SCRIPT = r"""
 import inspect, json, os, sys, time, warnings, torch, torch.distributed as dist
 import verl_cppack.verl_plugin
-from verl_cppack.integrations.verl import compare, patching, release_check, verification
+from verl_cppack.integrations.verl import comparison, patching, runtime_check
+from tests.verl_release_harness import random_batch, to_nested
 from verl.models.mcore import model_forward as mf, model_forward_fused as mff, util
 from verl.utils.model import CausalLMOutputForPPO
 assert util.__file__.startswith(os.environ["PYTHONPATH"].split(os.pathsep)[0]), util.__file__
@@ -74,14 +75,13 @@ dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], ran
 from megatron.core import parallel_state as mpu
 mpu.initialize_model_parallel()
 own = dict(patching.originals())  # the release's own functions
-excused = compare.intended_keys("0.10.0")
 
 def micro_batch(seed, record):
-    d = release_check.random_batch(seed)
+    d = random_batch(seed)
     mask = d["mask"]
     batch, seq_len = mask.shape
-    nested = release_check.to_nested(d["input_ids"], mask)
-    labels = release_check.to_nested(d["label"], mask)
+    nested = to_nested(d["input_ids"], mask)
+    labels = to_nested(d["label"], mask)
     calls = []
     def call(name, *args, **kwargs):
         result = getattr(mf if hasattr(mf, name) else mff, name)(*args, **kwargs)
@@ -114,10 +114,10 @@ with warnings.catch_warnings(record=True) as caught:
     second = micro_batch(2, False)
 differences = {}
 for name, args, kwargs, result in second:
-    bound = inspect.signature(own[name]).bind(*verification.copy_argument(args), **kwargs)
+    bound = inspect.signature(own[name]).bind(*runtime_check.copy_argument(args), **kwargs)
     theirs = own[name](*bound.args, **bound.kwargs)
-    findings = compare.compare_call(name, own[name], bound, theirs, result)
-    unexcused = [f.describe() for f in findings if compare.difference_key(name, f.where, 1) not in excused]
+    findings = comparison.compare_call(name, own[name], bound, theirs, result)
+    unexcused = [f.describe() for f in comparison.unexcused(findings, "0.10.0", 1)]
     if unexcused:
         differences[name] = unexcused
 status = patching.status()

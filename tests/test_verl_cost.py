@@ -5,10 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.op_counts import ops_without_fills
 from verl_cppack.bench.counters import HostReadCounter, OpCounter
-
-MOST_COPIES_PER_CALL = 2  # each call below packs one tensor and copies one back at most
 
 
 def _batch(batch_size: int, seq_len: int = 24):
@@ -95,11 +92,7 @@ def test_op_counts_do_not_grow_with_batch_size(name):
         assert len(counts) == 5
         for call, (small, large) in counts.items():
             assert sum(small.values()) > 0, call
-            small, large = (
-                ops_without_fills(small, MOST_COPIES_PER_CALL),
-                ops_without_fills(large, MOST_COPIES_PER_CALL),
-            )
-            assert small == large, (call, small, large)
+            assert small == large, (call, small, large)  # every op, the zeroing and the host tables included
 
 
 @pytest.mark.slow  # reads test_verl_equality's gloo worlds (verl and Megatron imported in every rank)

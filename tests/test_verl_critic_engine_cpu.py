@@ -24,14 +24,10 @@ Specified:
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-pytest.importorskip("megatron.core")
-pytest.importorskip("verl")
-pytest.importorskip("mbridge")
 transformers = pytest.importorskip("transformers")
 
 from tests.verl_engine_cases import (  # noqa: E402
@@ -40,9 +36,10 @@ from tests.verl_engine_cases import (  # noqa: E402
     SAMPLES,
     TINY,
     TOLERANCE,
-    run_at_cp_1_and_2,
+    build_engine,
+    engine_fixtures,
+    from_rank_with_outputs,
 )
-from verl_cppack.jobs.counting_task import ensure_counting_assets  # noqa: E402
 
 pytestmark = pytest.mark.slow  # verl's Megatron engine in gloo processes
 
@@ -52,8 +49,7 @@ RETURN_OFFSETS = (0.3, -0.2, 0.1, -0.4, 0.25)  # returns = values + offset (per 
 def run_critic(rank: int, world_size: int, model_path: str, context_parallel_size: int, count_dir: str) -> dict:
     """One gloo rank: build verl's critic engine, compute values as ``_compute_values`` does, then one
     ``train_batch`` with verl's ``value_loss`` as ``_update_critic`` -> ``train_mini_batch`` does."""
-    os.environ["VERL_PLATFORM"] = "cpu"  # before verl is imported
-    os.environ["VERL_CPPACK_CALL_COUNT_DIR"] = count_dir  # read before the drop-ins are installed
+    built = build_engine(model_path, context_parallel_size, count_dir, model_type="value_model")
     from functools import partial
 
     from megatron.core import parallel_state as mpu
@@ -61,27 +57,9 @@ def run_critic(rank: int, world_size: int, model_path: str, context_parallel_siz
     from verl.workers.config import McoreCriticConfig
     from verl.workers.utils.losses import value_loss
 
-    import verl_cppack.verl_plugin  # noqa: F401  verl_cppack's drop-ins + the CPU fixes
-    from verl_cppack.runtime.megatron_engine import (
-        EngineSettings,
-        build_megatron_engine,
-        engine_batch,
-        response_values,
-        rollout_tensors,
-    )
+    from verl_cppack.runtime.megatron_engine import engine_batch, response_values, rollout_tensors
 
     batch_size = len(SAMPLES)
-    built = build_megatron_engine(
-        EngineSettings(
-            model_path,
-            context_parallel_size=context_parallel_size,
-            micro_batch_size=batch_size,
-            learning_rate=1e-2,
-            clip_grad=1.0,
-            total_training_steps=1,
-            model_type="value_model",
-        )
-    )
     engine, outputs = built.engine, built.has_outputs
     model = unwrap_model(engine.module[0])
     head = model.output_layer.weight.detach().clone()
@@ -91,8 +69,7 @@ def run_critic(rank: int, world_size: int, model_path: str, context_parallel_siz
     values = response_values(built, tensors, micro_batch_size=batch_size)
 
     # _update_critic -> train_mini_batch -> TrainingWorker.train_batch, one mini-batch
-    old_values = values if outputs else torch.zeros(batch_size, RESPONSE_LENGTH)
-    torch.distributed.broadcast(old_values, src=0)  # the trainer sends every rank the same batch
+    old_values = from_rank_with_outputs(built, values)
     response_mask = tensors["response_mask"].float()
     returns = (old_values + torch.tensor(RETURN_OFFSETS)[:, None]) * response_mask
     critic_config = McoreCriticConfig(
@@ -121,14 +98,7 @@ def run_critic(rank: int, world_size: int, model_path: str, context_parallel_siz
     }
 
 
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory) -> str:
-    return str(ensure_counting_assets(TINY, root=tmp_path_factory.mktemp("counting")).model)
-
-
-@pytest.fixture(scope="module")
-def runs(model_path, tmp_path_factory) -> dict[int, dict]:
-    return run_at_cp_1_and_2(run_critic, model_path, tmp_path_factory.mktemp("calls"))
+model_path, runs = engine_fixtures(run_critic)
 
 
 def hf_values(model_path: str, head: torch.Tensor) -> torch.Tensor:

@@ -22,14 +22,10 @@ Specified:
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-pytest.importorskip("megatron.core")
-pytest.importorskip("verl")
-pytest.importorskip("mbridge")
 transformers = pytest.importorskip("transformers")
 
 from tests.stacks import STACK  # noqa: E402
@@ -37,11 +33,11 @@ from tests.verl_engine_cases import (  # noqa: E402
     GRAD_NORM_RELATIVE_TOLERANCE,
     RESPONSE_LENGTH,
     SAMPLES,
-    TINY,
     TOLERANCE,
-    run_at_cp_1_and_2,
+    build_engine,
+    engine_fixtures,
+    from_rank_with_outputs,
 )
-from verl_cppack.jobs.counting_task import ensure_counting_assets  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.stacks]  # verl's Megatron engine in gloo processes, on both stacks
 
@@ -75,35 +71,18 @@ def run_engine(rank: int, world_size: int, model_path: str, context_parallel_siz
     """One gloo rank: build verl's Megatron engine as ``TrainingWorker`` does, compute log-probs as the
     trainer's ``_compute_ref_log_prob`` -> ``TrainingWorker.infer_batch`` does, then one ``train_batch``
     with verl's ``ppo_loss`` as ``_update_actor`` -> ``train_mini_batch`` -> ``train_batch`` does."""
-    os.environ["VERL_PLATFORM"] = "cpu"  # before verl is imported
-    os.environ["VERL_CPPACK_CALL_COUNT_DIR"] = count_dir  # read before the drop-ins are installed
+    built = build_engine(model_path, context_parallel_size, count_dir)
     from functools import partial
 
     from megatron.core import parallel_state as mpu
     from verl.workers.config import McoreActorConfig
     from verl.workers.utils.losses import ppo_loss
 
-    import verl_cppack.verl_plugin as plugin  # verl_cppack's drop-ins + the CPU fixes
+    import verl_cppack.verl_plugin as plugin
     from verl_cppack import runtime
-    from verl_cppack.runtime.megatron_engine import (
-        EngineSettings,
-        build_megatron_engine,
-        engine_batch,
-        response_log_probs,
-        rollout_tensors,
-    )
+    from verl_cppack.runtime.megatron_engine import engine_batch, response_log_probs, rollout_tensors
 
     batch_size = len(SAMPLES)
-    built = build_megatron_engine(
-        EngineSettings(
-            model_path,
-            context_parallel_size=context_parallel_size,
-            micro_batch_size=batch_size,
-            learning_rate=1e-2,
-            clip_grad=1.0,
-            total_training_steps=1,
-        )
-    )
     engine, outputs = built.engine, built.has_outputs
     actor_config = McoreActorConfig(
         strategy="megatron",
@@ -123,8 +102,7 @@ def run_engine(rank: int, world_size: int, model_path: str, context_parallel_siz
     log_probs = response_log_probs(built, tensors, micro_batch_size=batch_size)
 
     # _update_actor -> update_actor -> train_mini_batch -> TrainingWorker.train_batch, one mini-batch
-    old_log_probs = log_probs if outputs else torch.zeros(batch_size, RESPONSE_LENGTH)
-    torch.distributed.broadcast(old_log_probs, src=0)  # the trainer sends every rank the same batch
+    old_log_probs = from_rank_with_outputs(built, log_probs)
     response_mask = tensors["response_mask"].float()
     advantages = torch.tensor(ADVANTAGES)[:, None] * response_mask
     extra = {"old_log_probs": old_log_probs, "ref_log_prob": old_log_probs - REF_OFFSET, "advantages": advantages}
@@ -154,14 +132,7 @@ def run_engine(rank: int, world_size: int, model_path: str, context_parallel_siz
     }
 
 
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory) -> str:
-    return str(ensure_counting_assets(TINY, root=tmp_path_factory.mktemp("counting")).model)
-
-
-@pytest.fixture(scope="module")
-def runs(model_path, tmp_path_factory) -> dict[int, dict]:
-    return run_at_cp_1_and_2(run_engine, model_path, tmp_path_factory.mktemp("calls"))
+model_path, runs = engine_fixtures(run_engine)
 
 
 def test_engine_runs_on_the_host_with_the_plugin_and_every_cpu_fix_applied(runs):

@@ -60,6 +60,7 @@ def run_shape(rank: int, world_size: int, model_path: str, tp: int, cp: int, cou
     from verl.workers.config import McoreActorConfig
     from verl.workers.utils.losses import ppo_loss
 
+    import verl_cppack.jobs.call_counts  # noqa: F401 - counts the drop-in calls
     import verl_cppack.verl_plugin  # noqa: F401 - the drop-ins and the CPU fixes
     from verl_cppack.runtime.megatron_engine import (
         EngineSettings,
@@ -132,7 +133,7 @@ def run_shape(rank: int, world_size: int, model_path: str, tp: int, cp: int, cou
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict]:
     """Per shape: every rank's results and the drop-in calls counted in its processes."""
-    from verl_cppack.integrations.verl.call_counts import read_call_counts
+    from verl_cppack.jobs.call_counts import read_call_counts
 
     model_path = str(ensure_counting_assets(TINY, root=tmp_path_factory.mktemp("counting")).model)
     results = {}

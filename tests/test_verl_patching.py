@@ -56,15 +56,16 @@ def engine_processor(output, label):
 
 
 def _rollout(seed: int):
-    from tests.test_verl_equality import batch_tensors, last_token_mask, to_nested
+    from tests.verl_release_harness import random_batch, to_nested
+    from verl_cppack.integrations.verl.comparison import last_token_marker
 
-    data = batch_tensors(seed)
+    data = random_batch(seed, padding="rollout")
     data["input_ids"] = data["input_ids"] % VOCAB
     data["label"] = data["label"] % VOCAB
     mask = data["mask"]
     nested_ids = to_nested(data["input_ids"], mask)
     nested_label = to_nested(data["label"], mask)
-    return data, nested_ids, nested_label, last_token_mask(nested_ids)
+    return data, nested_ids, nested_label, last_token_marker(nested_ids).values() == 1
 
 
 def _run_forwards(model_forward, model, seed: int) -> dict[str, torch.Tensor]:

@@ -1,5 +1,5 @@
-"""Behaviour verification: a drop-in checks its first calls against verl's own function and puts verl's back when
-they differ (``verification.VerifiedDropIn``); on the tested releases nothing is wrapped.
+"""The runtime check: a drop-in checks its first calls against verl's own function and puts verl's back when they
+differ (``runtime_check.VerifiedDropIn``); on the tested releases nothing is wrapped.
 
 Stand-in pairs (``verl`` / ``ours``) drive every outcome here — equal, different, verl raising, ours raising,
 verl rewriting its arguments — and a 2-rank gloo world checks that a CP group decides together. The real verl
@@ -8,7 +8,6 @@ releases: ``tests/test_verl_changed_release.py`` (a stand-in verl 0.10.0 whose f
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,8 +16,8 @@ import pytest
 import torch
 
 from tests.distributed import run_gloo
-from verl_cppack.integrations.verl import compare, verification
-from verl_cppack.integrations.verl.verification import MAX_TRIES, STEP_ASIDE_AFTER, BehaviourChanged, VerifiedDropIn
+from verl_cppack.integrations.verl import comparison, runtime_check
+from verl_cppack.integrations.verl.runtime_check import MAX_TRIES, STEP_ASIDE_AFTER, BehaviourChanged, VerifiedDropIn
 
 DESIGN = Path(__file__).resolve().parent.parent / "docs" / "design.md"
 
@@ -68,30 +67,34 @@ class Bindings:
     ],
 )
 def test_verification_runs_on_untested_releases_or_when_asked(monkeypatch, value, release, expected):
-    monkeypatch.setenv(verification.VERIFY_ENV, value)
-    assert verification.wanted(release) is expected
+    monkeypatch.setenv(runtime_check.VERIFY_ENV, value)
+    assert runtime_check.wanted(release) is expected
 
 
-def test_the_library_excuses_exactly_the_differences_design_md_lists():
+def test_design_md_describes_exactly_the_intended_differences_the_library_excuses():
+    """Each row of docs/design.md's table opens with a key and its releases as ``comparison`` renders them, in
+    order, and the table has no other row."""
     section = DESIGN.read_text().split("### Intended differences", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `([a-z0-9.-]+)` \| ([^|]+) \|", section, flags=re.MULTILINE)
-    assert [key for key, _ in rows] == list(compare.INTENDED_DIFFERENCES)
-    assert {key: spec.strip() for key, spec in rows} == compare.INTENDED_DIFFERENCES
+    table = [line for line in section.splitlines() if line.startswith("| `")]
+    expected = comparison.intended_rows()
+    assert len(table) == len(expected), (len(table), len(expected))
+    for line, opening in zip(table, expected):
+        assert line.startswith(opening + " "), (line[:80], opening)
 
 
 def test_an_untested_release_is_excused_what_the_newest_tested_one_is():
-    newest = compare.intended_keys("0.9.1")
-    assert compare.intended_keys("0.10.0") == newest == compare.intended_keys(None)
-    assert "positions-back-chunk" not in newest and "nested-float32-cp" not in newest  # older releases' bugs
-    assert {"roll-last-token", "roll-padding", "positions-padding", "positions-roll"} <= newest
-    assert "positions-back-chunk" in compare.intended_keys("0.7.1")
+    newest = comparison.intended_keys("0.9.1")
+    assert comparison.intended_keys("0.10.0") == newest == comparison.intended_keys(None)
+    assert not {"positions-back-chunk", "positions-padding", "nested-float32-cp"} & newest  # older releases' bugs
+    assert {"roll-last-token", "roll-padding", "positions-roll"} <= newest
+    assert {"positions-back-chunk", "positions-padding"} <= comparison.intended_keys("0.7.1")
 
 
 def test_release_ranges_are_read_over_the_tested_releases():
-    assert compare.releases_of("0.7.1–0.9.0") == ("0.7.1", "0.8.0", "0.9.0")
-    assert compare.releases_of("0.6.1, 0.9.1") == ("0.6.1", "0.9.1")
+    assert comparison.releases_of("0.7.1–0.9.0") == ("0.7.1", "0.8.0", "0.9.0")
+    assert comparison.releases_of("0.6.1, 0.9.1") == ("0.6.1", "0.9.1")
     with pytest.raises(ValueError, match="not one of the tested releases"):
-        compare.releases_of("0.5.0")
+        comparison.releases_of("0.5.0")
 
 
 # ------------------------------------------------------------------------------------------------ outcomes
@@ -250,7 +253,7 @@ def test_the_mode_tells_flags_and_optional_arguments_apart():
 
     signature = inspect.signature(lambda x, need_roll=False, n=None, layout="zigzag": None)
     modes = {
-        verification.mode_of(signature.bind(*args, **kwargs))
+        runtime_check.mode_of(signature.bind(*args, **kwargs))
         for args, kwargs in [
             ((torch.zeros(2),), {}),
             ((torch.ones(3),), {}),  # another tensor of the same kind: the same mode
@@ -266,7 +269,7 @@ def test_the_mode_tells_flags_and_optional_arguments_apart():
 def test_a_copied_argument_is_a_new_tensor_without_autograd():
     x = torch.rand(3, requires_grad=True)
     namespace = SimpleNamespace(a=x)
-    copied = verification.copy_argument([x, {"k": x}, namespace])
+    copied = runtime_check.copy_argument([x, {"k": x}, namespace])
     assert copied[0] is not x and not copied[0].requires_grad and torch.equal(copied[0], x)
     assert copied[1]["k"] is not x and copied[2] is namespace  # an object that is no dataclass is shared
 
@@ -331,7 +334,7 @@ def test_the_ranks_of_a_cp_group_decide_together():
 def test_on_a_tested_release_the_drop_ins_are_bound_unwrapped(monkeypatch):
     pytest.importorskip("verl")
     pytest.importorskip("megatron.core")
-    monkeypatch.delenv(verification.VERIFY_ENV, raising=False)
+    monkeypatch.delenv(runtime_check.VERIFY_ENV, raising=False)
     from verl.models.mcore import model_forward
 
     from verl_cppack.integrations.verl import dropins, patching
@@ -341,17 +344,17 @@ def test_on_a_tested_release_the_drop_ins_are_bound_unwrapped(monkeypatch):
     try:
         patching.install()
         status = patching.status()
-        assert status["release"] in compare.TESTED_RELEASES and status["verifying"] is False
+        assert status["release"] in comparison.TESTED_RELEASES and status["verifying"] is False
         assert model_forward.preprocess_packed_seqs is dropins.preprocess_packed_seqs  # no wrapper, no cost
-        assert verification.verification_of(model_forward.postprocess_thd_engine) is None
-        monkeypatch.setenv(verification.VERIFY_ENV, "1")
+        assert runtime_check.verification_of(model_forward.postprocess_thd_engine) is None
+        monkeypatch.setenv(runtime_check.VERIFY_ENV, "1")
         patching.uninstall()
         patching.install()
         assert patching.status()["verifying"] is True
-        assert verification.verification_of(model_forward.preprocess_packed_seqs) is not None
+        assert runtime_check.verification_of(model_forward.preprocess_packed_seqs) is not None
     finally:
         patching.uninstall()
-        monkeypatch.delenv(verification.VERIFY_ENV, raising=False)
+        monkeypatch.delenv(runtime_check.VERIFY_ENV, raising=False)
         if was_installed:
             patching.install()
 
@@ -359,7 +362,7 @@ def test_on_a_tested_release_the_drop_ins_are_bound_unwrapped(monkeypatch):
 def test_a_put_back_function_is_verls_in_every_module_and_on_later_imports(monkeypatch):
     pytest.importorskip("verl")
     pytest.importorskip("megatron.core")
-    monkeypatch.setenv(verification.VERIFY_ENV, "1")
+    monkeypatch.setenv(runtime_check.VERIFY_ENV, "1")
     from verl.models.mcore import model_forward, util
 
     from verl_cppack.integrations.verl import patching
@@ -369,7 +372,7 @@ def test_a_put_back_function_is_verls_in_every_module_and_on_later_imports(monke
     try:
         patching.install()
         original = patching.originals()["preprocess_packed_seqs"]
-        patching._put_back("preprocess_packed_seqs", "values: a test")
+        patching.put_back("preprocess_packed_seqs", "values: a test")
         assert model_forward.preprocess_packed_seqs is original and util.preprocess_packed_seqs is original
         assert "preprocess_packed_seqs" not in patching.originals()
         status = patching.status()
@@ -378,7 +381,7 @@ def test_a_put_back_function_is_verls_in_every_module_and_on_later_imports(monke
         assert model_forward.preprocess_packed_seqs is original  # status() re-patches nothing put back
     finally:
         patching.uninstall()
-        monkeypatch.delenv(verification.VERIFY_ENV, raising=False)
+        monkeypatch.delenv(runtime_check.VERIFY_ENV, raising=False)
         if was_installed:
             patching.install()
     assert model_forward.postprocess_packed_seqs.__module__.startswith("verl")

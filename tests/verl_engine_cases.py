@@ -6,11 +6,18 @@ build verl's Megatron engine in real gloo processes at CP=1 and CP=2 on the same
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.distributed import run_gloo
-from verl_cppack.jobs.counting_task import CountingAssets
+from verl_cppack.jobs.counting_task import CountingAssets, ensure_counting_assets
+
+for _module in ("megatron.core", "verl", "mbridge"):  # what verl's Megatron engine needs: a test without them skips
+    pytest.importorskip(_module)
 
 TOLERANCE = 1e-5
 GRAD_NORM_RELATIVE_TOLERANCE = 1e-4
@@ -43,7 +50,7 @@ def run_at_cp_1_and_2(worker: Callable[..., dict], model_path: str, count_root: 
     call counts of every process, by function (``calls``) and by engine role (``roles``).
 
     ``worker(rank, world_size, model_path, context_parallel_size, count_dir)`` runs in each gloo process."""
-    from verl_cppack.integrations.verl.call_counts import read_call_counts
+    from verl_cppack.jobs.call_counts import read_call_counts
 
     results = {}
     for context_parallel_size in (1, 2):
@@ -57,3 +64,40 @@ def run_at_cp_1_and_2(worker: Callable[..., dict], model_path: str, count_root: 
             "roles": read_call_counts(count_dir, "roles"),
         }
     return results
+
+
+def build_engine(model_path: str, context_parallel_size: int, count_dir: str, **settings: Any) -> Any:
+    """In a gloo rank: ``VERL_PLATFORM=cpu`` and the call-count directory set before verl is imported, the plugin (the
+    drop-ins and the CPU fixes) and the call counter imported, then verl's engine taking every sample in one
+    micro-batch (``runtime.megatron_engine.build_megatron_engine``)."""
+    os.environ["VERL_PLATFORM"] = "cpu"
+    os.environ["VERL_CPPACK_CALL_COUNT_DIR"] = count_dir  # read before the drop-ins are installed
+    import verl_cppack.jobs.call_counts  # noqa: F401 - counts the drop-in calls
+    import verl_cppack.verl_plugin  # noqa: F401 - verl_cppack's drop-ins + the CPU fixes
+    from verl_cppack.runtime.megatron_engine import EngineSettings, build_megatron_engine
+
+    settings = dict(micro_batch_size=len(SAMPLES), learning_rate=1e-2, clip_grad=1.0, total_training_steps=1) | settings
+    return build_megatron_engine(EngineSettings(model_path, context_parallel_size=context_parallel_size, **settings))
+
+
+def from_rank_with_outputs(built: Any, outputs: Any) -> Any:
+    """What the trainer sends every rank: the outputs of the rank that has them, ``[B, R]``."""
+    import torch
+
+    shared = outputs if built.has_outputs else torch.zeros(len(SAMPLES), RESPONSE_LENGTH)
+    torch.distributed.broadcast(shared, src=0)
+    return shared
+
+
+def engine_fixtures(worker: Callable[..., dict]) -> tuple[Any, Any]:
+    """An engine test's module fixtures: ``model_path`` (the tiny model) and ``runs`` (``run_at_cp_1_and_2(worker)``)."""
+
+    @pytest.fixture(scope="module")
+    def model_path(tmp_path_factory) -> str:
+        return str(ensure_counting_assets(TINY, root=tmp_path_factory.mktemp("counting")).model)
+
+    @pytest.fixture(scope="module")
+    def runs(model_path, tmp_path_factory) -> dict[int, dict]:
+        return run_at_cp_1_and_2(worker, model_path, tmp_path_factory.mktemp("calls"))
+
+    return model_path, runs

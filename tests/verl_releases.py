@@ -23,8 +23,9 @@ from types import ModuleType
 import pytest
 
 from tests.stacks import STACK
+from verl_cppack.integrations.verl.comparison import TESTED_RELEASES
 
-RELEASES = ("0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1")  # every verl on PyPI from 0.6.1 to 0.9.1
+RELEASES = TESTED_RELEASES  # every verl on PyPI from 0.6.1 to 0.9.1
 # the releases tested on this stack: every one on the pinned stack; on the current one the release its users run
 RELEASES_UNDER_TEST = RELEASES if STACK == "pinned" else ("0.9.1",)
 OFFLINE_ENV = "VERL_CPPACK_OFFLINE"

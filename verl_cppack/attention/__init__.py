@@ -40,25 +40,12 @@ def context_parallel_attention(
     """Local q ``[t, h, d]``, k/v ``[t, g, d]`` -> ``[t, h, d]``; see ``allgather_kv_attention``."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-    if implementation == "ring":
-        if ctx.cp_size > 1 and get_layout(layout).name != "zigzag":
-            raise ValueError(
-                f"ring attention needs the zigzag layout, got {get_layout(layout).name!r}; use 'allgather'"
-            )
-        return ring_attention(
-            q, k, v, cu_seqlens_padded, ctx, cu_seqlens=cu_seqlens, softmax_scale=softmax_scale, max_seqlen=max_seqlen
-        )
-    return allgather_kv_attention(
-        q,
-        k,
-        v,
-        cu_seqlens_padded,
-        ctx,
-        cu_seqlens=cu_seqlens,
-        layout=layout,
-        softmax_scale=softmax_scale,
-        max_seqlen=max_seqlen,
-    )
+    options = dict(cu_seqlens=cu_seqlens, softmax_scale=softmax_scale, max_seqlen=max_seqlen)
+    if implementation == "allgather":
+        return allgather_kv_attention(q, k, v, cu_seqlens_padded, ctx, layout=layout, **options)
+    if ctx.cp_size > 1 and get_layout(layout).name != "zigzag":
+        raise ValueError(f"ring attention needs the zigzag layout, got {get_layout(layout).name!r}; use 'allgather'")
+    return ring_attention(q, k, v, cu_seqlens_padded, ctx, **options)
 
 
 __all__ = [

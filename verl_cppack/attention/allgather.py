@@ -8,13 +8,11 @@ with ``gradient="sum"``), which is exactly the gradient of the global computatio
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from verl_cppack.attention.blocks import expand_groups, slot_attention
-from verl_cppack.attention.coordinates import coordinates_of, rank_partition
-from verl_cppack.attention.inputs import attention_lengths, batch_width, check_offsets, check_qkv
+from verl_cppack.attention.coordinates import coordinates_of
+from verl_cppack.attention.inputs import local_attention_setup
 from verl_cppack.collectives.gather import all_gather_rank_major
 from verl_cppack.context import ParallelContext
 from verl_cppack.core.layouts import Layout, LayoutName
@@ -37,26 +35,11 @@ def allgather_kv_attention(
     per-slot attention lengths (default: whole slots, verl's convention); ``max_seqlen`` their maximum
     (Megatron's ``max_seqlen_q``; computed with one host sync when omitted). ``cp_size * t`` must equal
     ``cu_seqlens_padded[-1]`` (not checked: it would cost a host sync per layer)."""
-    check_qkv(q, k, v)
-    check_offsets(cu_seqlens_padded, cu_seqlens, q.device)
-    rows, num_heads, head_dim = q.shape
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-
-    partition = rank_partition(cu_seqlens_padded, rows, ctx.cp_size, layout)  # [cp, t]
-    query = coordinates_of(partition[ctx.cp_rank], cu_seqlens_padded)
+    scale, lengths, width, partition, query = local_attention_setup(
+        q, k, v, cu_seqlens_padded, cu_seqlens, ctx.cp_rank, ctx.cp_size, layout, softmax_scale, max_seqlen
+    )
     key = coordinates_of(partition.reshape(-1), cu_seqlens_padded)  # rank-major, like the gather
     kv = all_gather_rank_major(torch.cat([k, v], dim=-1), ctx, gradient="sum")  # [cp*t, g, 2d]
-    all_k, all_v = kv.split(head_dim, dim=-1)
-    lengths = attention_lengths(cu_seqlens_padded, cu_seqlens)  # [n]
-    out, _ = slot_attention(
-        q,
-        expand_groups(all_k, num_heads),
-        expand_groups(all_v, num_heads),
-        query,
-        key,
-        lengths,
-        batch_width(lengths, max_seqlen),
-        scale,
-        with_lse=False,
-    )
+    all_k, all_v = (expand_groups(x, q.shape[1]) for x in kv.split(q.shape[2], dim=-1))
+    out, _ = slot_attention(q, all_k, all_v, query, key, lengths, width, scale, with_lse=False)
     return out.to(q.dtype)

@@ -94,13 +94,14 @@ def slot_attention(
             attn_mask=mask.unsqueeze(1),
             scale=softmax_scale,
         ).transpose(1, 2)  # [n, L, h, d]
-        out = torch.cat([out.reshape(sink, *out.shape[2:]), out.new_zeros(1, *out.shape[2:])])
-        return out.index_select(0, query_cell), None
-    out, lse = attention_block(q_batch, k_batch, v_batch, mask, softmax_scale)  # [n, L, h, d], [n, h, L]
+        lse = None
+    else:
+        out, lse = attention_block(q_batch, k_batch, v_batch, mask, softmax_scale)  # [n, L, h, d], [n, h, L]
+        heads = lse.shape[1]
+        lse = torch.cat([lse.transpose(0, 1).reshape(heads, sink), lse.new_full((heads, 1), float("-inf"))], dim=1)
+        lse = lse.index_select(1, query_cell)
     out = torch.cat([out.reshape(sink, *out.shape[2:]), out.new_zeros(1, *out.shape[2:])])  # + zero sink row
-    heads = lse.shape[1]
-    lse = torch.cat([lse.transpose(0, 1).reshape(heads, sink), lse.new_full((heads, 1), float("-inf"))], dim=1)
-    return out.index_select(0, query_cell), lse.index_select(1, query_cell)
+    return out.index_select(0, query_cell), lse
 
 
 def _batch_cell(rows: StreamCoordinates, attention_lengths: torch.Tensor, width: int, sink: int) -> torch.Tensor:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from verl_cppack.attention.coordinates import StreamCoordinates, coordinates_of, rank_partition
 from verl_cppack.core.checks import OFFSET_DTYPES, require_integer_tensor, require_tensor
+from verl_cppack.core.layouts import Layout
 
 
 def check_qkv(q: object, k: object, v: object) -> None:
@@ -54,3 +58,27 @@ def batch_width(lengths: torch.Tensor, max_seqlen: int | None) -> int:
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 1:
         raise ValueError(f"max_seqlen must be a positive int (the longest attention length), got {max_seqlen!r}")
     return max_seqlen
+
+
+def local_attention_setup(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    cp_rank: int,
+    cp_size: int,
+    layout: str | Layout,
+    softmax_scale: float | None,
+    max_seqlen: int | None,
+) -> tuple[float, torch.Tensor, int, torch.Tensor, StreamCoordinates]:
+    """Check the inputs of a CP attention call; return what every schedule starts from: the softmax scale, the
+    attention lengths ``[n]``, the batch width, every rank's stream positions ``[cp, t]`` and this rank's query
+    coordinates."""
+    check_qkv(q, k, v)
+    check_offsets(cu_seqlens_padded, cu_seqlens, q.device)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[2])
+    lengths = attention_lengths(cu_seqlens_padded, cu_seqlens)  # [n]
+    partition = rank_partition(cu_seqlens_padded, q.shape[0], cp_size, layout)  # [cp, t]
+    query = coordinates_of(partition[cp_rank], cu_seqlens_padded)
+    return scale, lengths, batch_width(lengths, max_seqlen), partition, query

@@ -18,14 +18,12 @@ special case.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 
 from verl_cppack.attention.blocks import expand_groups, merge_blocks, slot_attention
-from verl_cppack.attention.coordinates import coordinates_of, rank_partition, zigzag_half_rows
-from verl_cppack.attention.inputs import attention_lengths, batch_width, check_offsets, check_qkv
+from verl_cppack.attention.coordinates import coordinates_of, zigzag_half_rows
+from verl_cppack.attention.inputs import local_attention_setup
 from verl_cppack.context import ParallelContext
 
 
@@ -69,20 +67,15 @@ def ring_attention(
     max_seqlen: int | None = None,
 ) -> torch.Tensor:
     """Same contract as ``allgather_kv_attention`` with the zigzag layout (the only one a ring supports)."""
-    check_qkv(q, k, v)
-    check_offsets(cu_seqlens_padded, cu_seqlens, q.device)
     if ctx.cp_size > 1 and ctx.cp_group is None:
         raise ValueError(
             "ring attention with cp_size > 1 needs ctx.cp_group (e.g. integrations.megatron.parallel_context_from_megatron())"
         )
+    scale, lengths, width, partition, query = local_attention_setup(
+        q, k, v, cu_seqlens_padded, cu_seqlens, ctx.cp_rank, ctx.cp_size, "zigzag", softmax_scale, max_seqlen
+    )
     rows, num_heads, head_dim = q.shape
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     rank, size = ctx.cp_rank, ctx.cp_size
-
-    lengths = attention_lengths(cu_seqlens_padded, cu_seqlens)  # [n]
-    width = batch_width(lengths, max_seqlen)
-    partition = rank_partition(cu_seqlens_padded, rows, size, "zigzag")  # [cp, t]
-    query = coordinates_of(partition[rank], cu_seqlens_padded)
     first_half, second_half = zigzag_half_rows(cu_seqlens_padded, rows, size)  # [t/2] each
 
     kv = torch.cat([k, v], dim=-1)  # [t, g, 2d]: one message per step

@@ -1,4 +1,24 @@
-"""Rollout-shaped batches: a left-padded prompt half and a right-padded response half, lengths spread out."""
+"""The one rollout-batch maker, for the bench, the benchmarks, the CLI checks and the tests.
+
+``rollout_batch(batch_size, seq_len, *, padding="rollout", prompt_len=None, shortest=1, short_rows=None,
+vocab_size=32_000, seed=0, generator=None) -> (input_ids [B, S] int64, attention_mask [B, S] bool)``
+
+* ``padding="rollout"`` (the default, what RL rollouts look like): the first ``prompt_len`` columns (default
+  ``S // 2``) hold a left-padded prompt of 1..prompt_len tokens, the rest a right-padded response of
+  ``shortest``..S-prompt_len tokens with a long tail towards short ones (some hit the limit). ``shortest=0`` allows
+  empty responses.
+* ``padding="anywhere"``: each row holds ``shortest``..S real tokens placed anywhere: half the rows one run of
+  tokens (left, right or middle padding), the others scattered (gaps). ``shortest=0`` allows empty rows.
+* ``short_rows``: the share of rows made 3 tokens or fewer (a 1-token prompt and a response of ``shortest``..
+  ``shortest + 2`` tokens, or ``shortest``..max(shortest, 3) tokens anywhere); default 0 for "rollout", 0.3 for
+  "anywhere".
+* ids are uniform in ``[1, vocab_size)``, drawn after the mask. With ``generator`` the batch is drawn from it (and
+  ``seed`` is unused), so a caller draws its extra tensors (labels, positions, embeddings) from the same stream;
+  ``padding="anywhere", vocab_size=1000`` gives the masks and ids of the release check's batches.
+
+``micro_batch`` adds verl's labels and label mask (``MicroBatch``), ``EngineMicroBatch.of`` the jagged form verl's
+engine forward packs, ``batch_seed`` the seed of a bench point's ``index``-th micro-batch.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +26,63 @@ from dataclasses import dataclass
 
 import torch
 
+PADDINGS = ("rollout", "anywhere")
+
 
 def rollout_batch(
-    batch_size: int, seq_len: int, *, vocab_size: int = 32_000, seed: int = 0
+    batch_size: int,
+    seq_len: int,
+    *,
+    padding: str = "rollout",
+    prompt_len: int | None = None,
+    shortest: int = 1,
+    short_rows: float | None = None,
+    vocab_size: int = 32_000,
+    seed: int = 0,
+    generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids [B, S] int64, attention_mask [B, S] bool)``.
+    """``(input_ids [B, S] int64, attention_mask [B, S] bool)``: see the module docstring."""
+    if padding not in PADDINGS:
+        raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
+    generator = generator if generator is not None else torch.Generator().manual_seed(seed)
+    if padding == "anywhere":
+        mask = _anywhere(generator, batch_size, seq_len, shortest, 0.3 if short_rows is None else short_rows)
+    else:
+        prompt = seq_len // 2 if prompt_len is None else prompt_len
+        mask = _rollout(generator, batch_size, seq_len, prompt, shortest, short_rows or 0.0)
+    return torch.randint(1, vocab_size, mask.shape, generator=generator), mask
 
-    The first ``S // 2`` columns hold a prompt ending at the middle (left padding), the rest a response
-    starting there (right padding). Prompt lengths are uniform in ``[1, S/2]``; response lengths follow a
-    long-tailed spread (most short, some hitting the limit), as RL rollouts do.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    half = seq_len // 2
-    prompt = torch.randint(1, half + 1, (batch_size, 1), generator=generator)
-    fraction = torch.rand(batch_size, 1, generator=generator) ** 2  # long tail towards short responses
-    response = (fraction * (seq_len - half)).long().clamp(min=1)
+
+def _rollout(
+    generator: torch.Generator, batch: int, seq_len: int, prompt: int, shortest: int, short_rows: float
+) -> torch.Tensor:
+    if not 0 < prompt < seq_len or not 0 <= shortest <= seq_len - prompt:
+        raise ValueError(f"need 0 < prompt_len < seq_len and 0 <= shortest <= the response length, got {prompt=}")
+    prompts = torch.randint(1, prompt + 1, (batch, 1), generator=generator)
+    fraction = torch.rand(batch, 1, generator=generator) ** 2  # long tail towards short responses
+    responses = (fraction * (seq_len - prompt)).long().clamp(min=shortest)
+    if short_rows:
+        short = torch.rand(batch, 1, generator=generator) < short_rows
+        prompts = torch.where(short, 1, prompts)
+        few = torch.randint(shortest, min(shortest + 2, seq_len - prompt) + 1, (batch, 1), generator=generator)
+        responses = torch.where(short, few, responses)
     columns = torch.arange(seq_len)
-    mask = ((columns >= half - prompt) & (columns < half)) | ((columns >= half) & (columns < half + response))
-    input_ids = torch.randint(0, vocab_size, (batch_size, seq_len), generator=generator)
-    return input_ids, mask
+    return ((columns >= prompt - prompts) & (columns < prompt)) | ((columns >= prompt) & (columns < prompt + responses))
+
+
+def _anywhere(generator: torch.Generator, batch: int, seq_len: int, shortest: int, short_rows: float) -> torch.Tensor:
+    if not 0 <= shortest <= seq_len:
+        raise ValueError(f"need 0 <= shortest <= seq_len, got {shortest=}")
+    lengths = torch.randint(shortest, seq_len + 1, (batch,), generator=generator)
+    short = torch.randint(shortest, max(shortest, 3) + 1, (batch,), generator=generator)
+    lengths = torch.where(torch.rand(batch, generator=generator) < short_rows, short, lengths)
+    scores = torch.rand(batch, seq_len, generator=generator)  # a scattered row's real tokens: its highest scores
+    gapped = torch.rand(batch, generator=generator) < 0.5  # the other rows: one run, placed anywhere
+    starts = (torch.rand(batch, generator=generator) * (seq_len - lengths + 1)).long()
+    columns = torch.arange(seq_len)
+    run = (columns >= starts[:, None]) & (columns < (starts + lengths)[:, None])
+    ranks = scores.argsort(dim=1, descending=True).argsort(dim=1)
+    return torch.where(gapped[:, None], ranks < lengths[:, None], run)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from verl_cppack.runtime.gloo_world import run_world
 IMPLEMENTATIONS = ("verl", "verl_cppack")
 CONTENDERS = (*IMPLEMENTATIONS, "floor")
 TIMINGS = ("preprocess_ms", "postprocess_ms", "step_ms")
+SPREADS = ("preprocess_spread", "postprocess_spread")  # the noise ``targets.py`` allows at B=1
 FLOOR_TIMINGS = (*TIMINGS, "all_gathers_ms")
 
 
@@ -236,10 +237,21 @@ def measure_point(
     for name in names:
         keys = samples[name][0].keys()
         point[name] = {key: statistics.median(sample[key] for sample in samples[name]) for key in keys}
+        for stage in ("preprocess", "postprocess"):
+            point[name][f"{stage}_spread"] = spread([sample[f"{stage}_ms"] for sample in samples[name]])
         point[name].update(_count_unit(contenders[name], counted_batch.clone()))
     point["verl_cppack"].update(post_init_cost(contenders["verl_cppack"], counted_batch.clone()))
     point["batch"] = {"mean_real_tokens": statistics.mean(real_tokens[settings.warmup : -1])}  # the timed ones
     return point
+
+
+def spread(times: list[float]) -> float:
+    """The relative interquartile range of one contender's timed micro-batches at a point, ``(P75 - P25) / P50``
+    (``statistics.quantiles``, exclusive method; 0 with fewer than two): how much its own times scatter in a run."""
+    if len(times) < 2:
+        return 0.0
+    low, middle, high = statistics.quantiles(times, n=4)
+    return (high - low) / middle
 
 
 # ------------------------------------------------------------------ one CP group
@@ -300,7 +312,7 @@ def median_over_runs(point_runs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     row["ratio_by_run"] = {stage: [ratios(run)[stage] for run in point_runs] for stage in ("preprocess", "postprocess")}
     for name in CONTENDERS:
         if name in row:
-            keys = FLOOR_TIMINGS if name == "floor" else TIMINGS
+            keys = (*FLOOR_TIMINGS, *SPREADS) if name == "floor" else (*TIMINGS, *SPREADS)
             row[name] = {**row[name], **{t: statistics.median(run[name][t] for run in point_runs) for t in keys}}
     if "vlm_masks" in row:
         row["vlm_masks"] = vlm_median_over_runs([run["vlm_masks"] for run in point_runs])

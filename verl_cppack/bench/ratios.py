@@ -20,3 +20,9 @@ def ratios(row: dict[str, Any]) -> dict[str, float]:
         "preprocess_of_floor": floor["preprocess_ms"] / ours["preprocess_ms"],
         "postprocess_above_floor_ms": ours["postprocess_ms"] - floor["postprocess_ms"],
     }
+
+
+def span(values: list[float], digits: int = 1) -> str:
+    """``low–high`` of ``values`` at ``digits`` decimals (one figure where they round alike)."""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}–{high}"

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from verl_cppack.bench.batches import batch_seed, rollout_batch
+from verl_cppack.bench.batches import EngineMicroBatch, batch_seed, micro_batch
 from verl_cppack.bench.counters import HostReadCounter, OpCounter
+from verl_cppack.bench.ratios import span
 
 BUILDERS = ("thd", "bshd")
 PAD_TOKEN_ID = 0
@@ -26,10 +27,8 @@ VLM_SEED_OFFSET = 500  # the builders' batches differ from the packing bench's o
 
 def jagged_batch(batch_size: int, seq_len: int, index: int, device: str) -> torch.Tensor:
     """The real tokens of a new rollout batch as a jagged nested tensor ``[B, j]`` int64."""
-    input_ids, mask = rollout_batch(batch_size, seq_len, seed=batch_seed(batch_size, seq_len, VLM_SEED_OFFSET + index))
-    input_ids, mask = input_ids.to(device), mask.to(device)
-    offsets = torch.nn.functional.pad(mask.sum(1).cumsum(0), (1, 0))
-    return torch.nested.nested_tensor_from_jagged(input_ids[mask], offsets=offsets)
+    seed = batch_seed(batch_size, seq_len, VLM_SEED_OFFSET + index)
+    return EngineMicroBatch.of(micro_batch(batch_size, seq_len, seed=seed, device=device)).input_ids
 
 
 def _call(impl: Any, builder: str, nested: torch.Tensor) -> Any:
@@ -118,8 +117,8 @@ def vlm_summary(rows: list[dict[str, Any]]) -> list[str]:
         thd = [ratio(row, "thd") for row in at_b]
         bshd = [ratio(row, "bshd") for row in at_b]
         lines.append(
-            f"- VLM mask builders, B={batch_size} (CP=1): `build_vlm_attn_mask_thd` {_span(thd)}× and "
-            f"`build_vlm_attn_mask_bshd` {_span(bshd)}× verl's speed."
+            f"- VLM mask builders, B={batch_size} (CP=1): `build_vlm_attn_mask_thd` {span(thd)}× and "
+            f"`build_vlm_attn_mask_bshd` {span(bshd)}× verl's speed."
         )
     ours_ops = {row["vlm_masks"][b]["verl_cppack"]["aten_ops"] for row in measured for b in BUILDERS}
     ours_syncs = max(row["vlm_masks"][b]["verl_cppack"]["host_syncs"] for row in measured for b in BUILDERS)
@@ -129,9 +128,3 @@ def vlm_summary(rows: list[dict[str, Any]]) -> list[str]:
         f"and ≤ {ours_syncs} host sync; verl {min(verl_syncs)}–{max(verl_syncs)} syncs."
     )
     return lines
-
-
-def _span(values: list[float]) -> str:
-    return (
-        f"{min(values):.1f}" if f"{min(values):.1f}" == f"{max(values):.1f}" else f"{min(values):.1f}–{max(values):.1f}"
-    )

@@ -4,9 +4,9 @@ By default nothing heavy is imported: versions come from package metadata, and t
 of verl's packing functions the drop-ins stand in for (and why any util function is left to verl: a parameter
 the drop-in does not know, or no drop-in for it) from the source of ``verl/models/mcore/util.py``, read with
 ``ast``. ``--verify`` installs the patch in this process, imports verl's caller modules and lists which of them
-now hold the drop-ins, then runs each replaced function and its drop-in side by side on random batches at CP=1
-(``integrations.verl.self_check``: the comparison the release matrix and behaviour verification use) and puts
-back any whose results differ beyond the intended differences; it exits 1 when a util function is left to verl or
+now hold the drop-ins, then calls each replaced function on random batches at CP=1 through the runtime check
+(``self_check``: ``runtime_check.VerifiedDropIn``, as an untested release's first calls are checked), which puts back
+any whose results differ from verl's beyond the intended differences; it exits 1 when a util function is left to verl or
 put back, a caller is not covered or a CPU fix is refused. ``--json`` prints the report alone on standard output
 (what the imported libraries print meanwhile goes to standard error), so it can be piped to a JSON reader.
 """
@@ -70,7 +70,8 @@ def generation_from_source(path: Path) -> dict[str, Any]:
     """Read from util's source: the API generation (``patching.detect_generation``), the packing functions the
     drop-ins stand in for (``replaceable``) and those left to verl with the reason (``left_to_verl``), as
     ``install`` would decide them (``patching.plan_replacements``)."""
-    from verl_cppack.integrations.verl.patching import DROPINS, NOT_PACKING, detect_generation, plan_replacements
+    from verl_cppack.integrations.verl.comparison import NOT_PACKING
+    from verl_cppack.integrations.verl.patching import DROPINS, detect_generation, plan_replacements
     from verl_cppack.integrations.verl.signatures import VerlFunction
 
     tree = ast.parse(path.read_text())
@@ -140,6 +141,103 @@ def bridge_report(verify: bool) -> dict[str, Any]:
     return report
 
 
+@contextlib.contextmanager
+def _one_rank_world() -> Iterator[None]:
+    """A gloo world of this process alone and megatron's parallel state at TP=CP=1, unless both are there."""
+    import tempfile
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    started_world = not dist.is_initialized()
+    with tempfile.TemporaryDirectory(prefix="verl_cppack_self_check_") as folder:
+        if started_world:
+            dist.init_process_group("gloo", init_method=f"file://{os.path.join(folder, 'store')}", rank=0, world_size=1)
+        started_state = not mpu.model_parallel_is_initialized()
+        try:
+            if started_state:
+                mpu.initialize_model_parallel()
+            if mpu.get_context_parallel_world_size() != 1:
+                raise ValueError("the self-check compares at CP=1; run it in a process whose megatron CP size is 1")
+            yield
+        finally:
+            if started_state:
+                mpu.destroy_model_parallel()
+            if started_world:
+                dist.barrier()
+                dist.destroy_process_group()
+
+
+def self_check(batches: tuple[tuple[int, int], ...] = ((11, 1), (13, 2))) -> dict[str, str]:
+    """Every function ``install`` replaced, called on random batches (``(seed, shortest row)``, padding anywhere)
+    through the runtime check, each call compared as a first call is: verl's function goes back where they differ
+    (a ``BehaviourChanged`` warning). Returns name -> the difference, for the functions put back now."""
+    import inspect
+
+    import torch
+
+    from verl_cppack.bench.batches import rollout_batch
+    from verl_cppack.integrations.verl import patching
+    from verl_cppack.integrations.verl.runtime_check import VerifiedDropIn
+
+    originals, ours, release = patching.originals(), patching.dropin_functions(), patching.status()["release"]
+    before = set(patching.status()["put_back"])
+
+    def call(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name not in originals:
+            return None
+        function = originals[name]
+        if name in patching.originals():
+            function = VerifiedDropIn(name, function, ours[name], release, on_put_back=patching.put_back)
+        try:
+            return function(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - both raised (bad input for both): nothing to compare
+            return None
+
+    def output(rows: torch.Tensor) -> torch.Tensor:
+        return torch.randn(*rows.shape[:2], 4)
+
+    def rolls(name: str) -> bool:
+        return name in originals and "need_roll" in inspect.signature(originals[name]).parameters
+
+    with _one_rank_world():
+        for seed, shortest in batches:
+            ids, mask = rollout_batch(6, 14, padding="anywhere", shortest=shortest, vocab_size=1000, seed=seed)
+            (batch, seq_len), positions = mask.shape, mask.long().cumsum(1) - 1
+            nested, labels = (
+                torch.nested.nested_tensor([row[keep] for row, keep in zip(x, mask)], layout=torch.jagged)
+                for x in (ids, torch.roll(ids, -1, 1))
+            )
+            if (packed := call("preprocess_packed_seqs", ids, mask)) is not None:
+                call("postprocess_packed_seqs", output(packed[0]), packed[1], mask, batch, seq_len)
+            label_mask = call("preprocess_packed_seqs", torch.roll(mask, -1, 1) & mask, mask)
+            if label_mask is not None and "postprocess_packed_seqs_for_dict_output" in originals:
+                from verl.utils.model import CausalLMOutputForPPO
+
+                n = label_mask[0].shape[1]
+                out = CausalLMOutputForPPO(log_probs=-torch.rand(n), entropy=torch.rand(n))
+                call("postprocess_packed_seqs_for_dict_output", label_mask[0], out, label_mask[1], mask, batch, seq_len)
+            for pre, post in (("preprocess_bshd", "postprocess_bshd"), ("remove_left_padding", "recover_left_padding")):
+                if (rows := call(pre, ids, mask, positions, False)) is not None:
+                    call(post, output(rows[1]), rows[1], mask, seq_len)
+            for pre, post, thd in (
+                ("preprocess_thd_engine", "postprocess_thd_engine", True),
+                ("preprocess_thd_no_padding", "postprocess_thd_no_padding", True),
+                ("preprocess_packed_seqs_no_padding", "postprocess_packed_seqs_no_padding", True),
+                ("preprocess_bshd_engine", "postprocess_bshd_engine", False),
+                ("preprocess_bshd_no_padding", "postprocess_bshd_no_padding", False),
+            ):
+                if rolls(pre):
+                    call(pre, labels, need_roll=True)
+                if (packed := call(pre, nested)) is not None and thd:
+                    call(post, output(packed[0]), packed[1], nested, batch)
+                elif packed is not None:
+                    call(post, output(packed[1]), packed[1])
+            call("build_vlm_attn_mask_thd", nested, 0)
+            call("build_vlm_attn_mask_bshd", nested, batch, 0)
+    return {name: why for name, why in patching.status()["put_back"].items() if name not in before}
+
+
 def collect(verify: bool) -> dict[str, Any]:
     from verl_cppack.integrations.verl import patching
 
@@ -155,8 +253,6 @@ def collect(verify: bool) -> dict[str, Any]:
                 importlib.import_module(module)
             except Exception as error:  # noqa: BLE001 - report which caller could not be imported here
                 report["import_errors"][module] = f"{type(error).__name__}: {error}"
-        from verl_cppack.integrations.verl.self_check import self_check
-
         try:
             self_check()
         except Exception as error:  # noqa: BLE001 - a check that cannot run is reported, not a crash of doctor

@@ -25,34 +25,22 @@ def run(args: argparse.Namespace) -> int:
     from verl_cppack.jobs.ref_logprobs import run as run_request
     from verl_cppack.jobs.ref_logprobs_input import BadInput, prepare
 
+    names = ("model", "input_path", "synthetic", "cp", "micro_batch_size", "output", "seed")
+    started = False
     try:
-        request = prepare(
-            model=args.model,
-            input_path=args.input,
-            synthetic=args.synthetic,
-            cp=args.cp,
-            micro_batch_size=args.micro_batch_size,
-            output=args.output,
-            seed=args.seed,
+        request = prepare(**{name: getattr(args, name) for name in names})
+        print(
+            f"ref-logprobs: {len(request.pairs)} rows at CP={request.cp} on {request.model}: starting {request.cp} "
+            f"gloo process(es) -> {request.output_dir}",
+            flush=True,
         )
-    except BadInput as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("interrupted: nothing was started", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    print(
-        f"ref-logprobs: {len(request.pairs)} rows at CP={request.cp} on {request.model}: starting {request.cp} "
-        f"gloo process(es) -> {request.output_dir}",
-        flush=True,
-    )
-    try:
+        started = True
         summary = run_request(request)
-    except WorkerFailed as error:
+    except (BadInput, WorkerFailed) as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_WORKER_FAILED
+        return EXIT_BAD_INPUT if isinstance(error, BadInput) else EXIT_WORKER_FAILED
     except KeyboardInterrupt:
-        print("interrupted: every worker was stopped", file=sys.stderr)
+        print(f"interrupted: {'every worker was stopped' if started else 'nothing was started'}", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(
         f"ref-logprobs: {summary['rows']} rows, {summary['tokens']} response tokens at CP={summary['cp']} in "
@@ -72,7 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model", default=None, help="Hugging Face checkpoint directory (default: the tiny counting model)"
     )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--input", help=".jsonl or .parquet with integer-list columns prompt_ids and response_ids")
+    source.add_argument(
+        "--input", dest="input_path", help=".jsonl or .parquet with integer-list columns prompt_ids and response_ids"
+    )
     source.add_argument("--synthetic", type=int, default=64, help="score N random pairs instead (default 64)")
     parser.add_argument("--cp", type=int, default=2, help="context-parallel size = gloo processes (default 2)")
     parser.add_argument("--micro-batch-size", type=int, default=8, help="rows per infer_batch call (default 8)")

@@ -7,6 +7,7 @@ and the Ray cluster it started are stopped).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -18,31 +19,24 @@ EXIT_BAD_INPUT, EXIT_TRAINER_FAILED, EXIT_INTERRUPTED = 2, 3, 130
 
 
 def add_job_arguments(parser: argparse.ArgumentParser, kind: JobKind, defaults: JobSettings) -> None:
-    parser.add_argument(
-        "--cp",
-        type=int,
-        default=defaults.cp,
-        help=f"context-parallel size of every Megatron model (default {defaults.cp})",
-    )
-    parser.add_argument(
-        "--tp",
-        type=int,
-        default=defaults.tp,
-        help=f"tensor-parallel size of every Megatron model (default {defaults.tp})",
-    )
-    parser.add_argument(
-        "--dp",
-        type=int,
-        default=defaults.dp,
-        help=f"data-parallel size (default {defaults.dp}); Ray worker slots = tp x cp x dp",
-    )
-    parser.add_argument(
-        "--nnodes",
-        type=int,
-        default=defaults.nnodes,
-        help=f"Ray nodes the workers are spread over, the same number on each (default {defaults.nnodes})",
-    )
-    parser.add_argument("--steps", type=int, default=defaults.steps, help=f"training steps (default {defaults.steps})")
+    d = defaults
+    flags = (  # flag, the JobSettings field it sets, type, help
+        ("--cp", "cp", int, f"context-parallel size of every Megatron model (default {d.cp})"),
+        ("--tp", "tp", int, f"tensor-parallel size of every Megatron model (default {d.tp})"),
+        ("--dp", "dp", int, f"data-parallel size (default {d.dp}); Ray worker slots = tp x cp x dp"),
+        ("--nnodes", "nnodes", int, f"Ray nodes the workers are spread over, the same number on each (default {d.nnodes})"),
+        ("--steps", "steps", int, f"training steps (default {d.steps})"),
+        ("--seed", "seed", int, f"seed of data order, rollout sampling and Megatron (default {d.seed})"),
+        ("--prompts-per-step", "prompts_per_step", int,
+         f"prompts per training step, verl's data.train_batch_size (default {d.prompts_per_step})"),
+        ("--group-size", "group_size", int, f"responses per prompt, verl's rollout.n (default {d.group_size})"),
+        ("--lr", "learning_rate", float, f"actor learning rate (default {d.learning_rate})"),
+        ("--step-timeout", "step_timeout_s", float,
+         f"stop the run (exit 3) when verl's trainer logs no step for this long (default {d.step_timeout_s:g}); the "
+         f"first step, which includes Ray's and vLLM's start-up, may take the larger of this and {FIRST_STEP_TIMEOUT_S:g}"),
+    )  # fmt: skip
+    for flag, field, value_type, text in flags:
+        parser.add_argument(flag, dest=field, type=value_type, default=getattr(d, field), help=text)
     parser.add_argument(
         "--output",
         default=f"runs/{kind.name}",
@@ -50,54 +44,20 @@ def add_job_arguments(parser: argparse.ArgumentParser, kind: JobKind, defaults: 
     )
     parser.add_argument(
         "--address",
-        default=None,
         help="join the running Ray cluster at HOST:PORT or 'auto' (default: RAY_ADDRESS if set) instead of "
         "starting a local one; it must offer tp x cp x dp worker slots (Ray GPUs)",
     )
     parser.add_argument(
         "--trainer",
-        default=defaults.trainer,
+        default=d.trainer,
         choices=sorted(TRAINERS),
         help="verl's trainer: v1 (TransferQueue, verl 0.9.1's default) or v0 (RayPPOTrainer)",
     )
     parser.add_argument(
-        "--seed",
-        type=int,
-        default=defaults.seed,
-        help=f"seed of data order, rollout sampling and Megatron (default {defaults.seed})",
-    )
-    parser.add_argument(
-        "--prompts-per-step",
-        type=int,
-        default=defaults.prompts_per_step,
-        help=f"prompts per training step, verl's data.train_batch_size (default {defaults.prompts_per_step})",
-    )
-    parser.add_argument(
-        "--group-size",
-        type=int,
-        default=defaults.group_size,
-        help=f"responses per prompt, verl's rollout.n (default {defaults.group_size})",
-    )
-    parser.add_argument(
-        "--lr",
-        type=float,
-        default=defaults.learning_rate,
-        help=f"actor learning rate (default {defaults.learning_rate})",
-    )
-    parser.add_argument(
         "--rollout",
-        default=defaults.rollout,
+        default=d.rollout,
         choices=list(ROLLOUTS),
-        help=f"vllm: verl's vLLM rollout on vLLM's CPU build; hf: Hugging Face generate (default {defaults.rollout})",
-    )
-    parser.add_argument(
-        "--step-timeout",
-        type=float,
-        default=defaults.step_timeout_s,
-        metavar="SECONDS",
-        help="stop the run (exit 3) when verl's trainer logs no step for this long "
-        f"(default {defaults.step_timeout_s:g}); the first step, which includes Ray's and vLLM's start-up, may take "
-        f"the larger of this and {FIRST_STEP_TIMEOUT_S:g}",
+        help=f"vllm: verl's vLLM rollout on vLLM's CPU build; hf: Hugging Face generate (default {d.rollout})",
     )
     parser.add_argument(
         "--verbose", action="store_true", help="also print the trainer's own output (always in trainer.log)"
@@ -111,24 +71,9 @@ def add_job_arguments(parser: argparse.ArgumentParser, kind: JobKind, defaults: 
 
 
 def settings_from_args(args: argparse.Namespace) -> JobSettings:
-    return JobSettings(
-        cp=args.cp,
-        tp=args.tp,
-        dp=args.dp,
-        nnodes=args.nnodes,
-        steps=args.steps,
-        output=args.output,
-        address=args.address or os.environ.get("RAY_ADDRESS") or None,
-        trainer=args.trainer,
-        seed=args.seed,
-        prompts_per_step=args.prompts_per_step,
-        group_size=args.group_size,
-        learning_rate=args.lr,
-        overrides=tuple(args.overrides),
-        verbose=args.verbose,
-        rollout=args.rollout,
-        step_timeout_s=args.step_timeout,
-    )
+    values = {field.name: getattr(args, field.name) for field in dataclasses.fields(JobSettings)}
+    values.update(address=args.address or os.environ.get("RAY_ADDRESS") or None, overrides=tuple(args.overrides))
+    return JobSettings(**values)
 
 
 def print_summary(summary: dict) -> None:
@@ -164,22 +109,19 @@ def run_job_command(kind: JobKind, args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    where = f"the Ray cluster at {prepared.settings.address}" if prepared.settings.address else "a local Ray cluster"
+    settings = prepared.settings
+    where = f"the Ray cluster at {settings.address}" if settings.address else "a local Ray cluster"
     print(
-        f"{kind.name}: verl.trainer.main_ppo at {prepared.settings.shape.describe()} with the "
-        f"{rollout_label(prepared.settings.rollout)} rollout on {where}, {args.steps} steps "
-        f"-> {prepared.output_dir} (Ray start-up and worker init take one to two minutes; trainer output in "
-        "trainer.log)",
+        f"{kind.name}: verl.trainer.main_ppo at {settings.shape.describe()} with the {rollout_label(settings.rollout)} "
+        f"rollout on {where}, {settings.steps} steps -> {prepared.output_dir} (Ray start-up and worker init take one "
+        "to two minutes; trainer output in trainer.log)",
         flush=True,
     )
     try:
-        summary = run_job(prepared, on_step=lambda record: print(progress_line(record, args.steps), flush=True))
-    except ClusterTooSmall as error:
+        summary = run_job(prepared, on_step=lambda record: print(progress_line(record, settings.steps), flush=True))
+    except (ClusterTooSmall, TrainerFailed, ClusterUnavailable) as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (TrainerFailed, ClusterUnavailable) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_TRAINER_FAILED
+        return EXIT_BAD_INPUT if isinstance(error, ClusterTooSmall) else EXIT_TRAINER_FAILED
     except KeyboardInterrupt:
         print(
             "interrupted: verl's trainer and its Ray cluster were stopped; finished steps are in metrics.jsonl",

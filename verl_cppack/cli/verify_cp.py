@@ -24,31 +24,34 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl_cppack.bench.batches import rollout_batch
 from verl_cppack.runtime.gloo_world import RankFailed, run_world
 
 LOGPROB_TOLERANCE = 1e-5  # absolute, fp32
 GRAD_TOLERANCE = 1e-4  # relative, fp32
 VOCAB_SIZE = 97
+# each compared figure: (its name among the report's tolerances, the tolerance)
+LIMITS = {
+    "logprob_max_abs_diff": ("logprob_abs", LOGPROB_TOLERANCE),
+    "entropy_max_abs_diff": ("entropy_abs", LOGPROB_TOLERANCE),
+    "grad_max_rel_diff": ("grad_rel", GRAD_TOLERANCE),
+}
 
 
-# ----------------------------------------------------------------------------------------- the batch
-def rollout_batch(
-    batch_size: int, prompt_length: int, response_length: int, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random ``input_ids``/``attention_mask`` ``[B, P+R]``: left-padded prompts, right-padded responses.
-
-    Row 0 has a 1-token prompt and a 1-token response (shorter than any CP chunk), the others random
-    lengths; every row keeps at least one prompt and one response token.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(0, VOCAB_SIZE, (batch_size, prompt_length + response_length), generator=generator)
-    prompt_lengths = torch.randint(1, prompt_length + 1, (batch_size,), generator=generator)
-    response_lengths = torch.randint(1, response_length + 1, (batch_size,), generator=generator)
-    prompt_lengths[0] = response_lengths[0] = 1
-    positions = torch.arange(prompt_length + response_length)
-    prompt_mask = (positions < prompt_length) & (positions >= prompt_length - prompt_lengths.unsqueeze(1))
-    response_mask = (positions >= prompt_length) & (positions < prompt_length + response_lengths.unsqueeze(1))
-    return input_ids, prompt_mask | response_mask
+def verify_batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checked rollout batch ``[B, P+R]``; row 0 holds a 1-token prompt and a 1-token response (shorter than
+    any CP chunk), every row at least one response token."""
+    input_ids, mask = rollout_batch(
+        args.batch_size,
+        args.prompt_length + args.response_length,
+        prompt_len=args.prompt_length,
+        short_rows=0.3,
+        vocab_size=VOCAB_SIZE,
+        seed=args.seed,
+    )
+    mask[0] = False
+    mask[0, args.prompt_length - 1 : args.prompt_length + 1] = True
+    return input_ids, mask
 
 
 # ---------------------------------------------------------------------------------------- forwards
@@ -130,7 +133,7 @@ def _run_once(args: argparse.Namespace, cp_size: int, use_verl: bool) -> tuple[t
         attention=args.attention,
         seed=args.seed,
     )
-    input_ids, mask = rollout_batch(args.batch_size, args.prompt_length, args.response_length, args.seed)
+    input_ids, mask = verify_batch(args)
     forward = per_token_verl if use_verl else per_token_ours
     log_probs, entropy = forward(model, input_ids, mask, ctx, args.layout)  # [N] each
     generator = torch.Generator().manual_seed(args.seed + 1)
@@ -177,18 +180,9 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         "used_verl_forward": use_verl,
         "num_tokens": metrics[0]["num_tokens"],
     }
-    for key in ("logprob_max_abs_diff", "entropy_max_abs_diff", "grad_max_rel_diff"):
-        report[key] = max(m[key] for m in metrics)
-    report["tolerances"] = {
-        "logprob_abs": LOGPROB_TOLERANCE,
-        "entropy_abs": LOGPROB_TOLERANCE,
-        "grad_rel": GRAD_TOLERANCE,
-    }
-    report["passed"] = (
-        report["logprob_max_abs_diff"] <= LOGPROB_TOLERANCE
-        and report["entropy_max_abs_diff"] <= LOGPROB_TOLERANCE
-        and report["grad_max_rel_diff"] <= GRAD_TOLERANCE
-    )
+    report.update({key: max(m[key] for m in metrics) for key in LIMITS})
+    report["tolerances"] = dict(LIMITS.values())
+    report["passed"] = all(report[key] <= tolerance for key, (_, tolerance) in LIMITS.items())
     return report
 
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from verl_cppack.bench.batches import rollout_batch
+
 ZIGZAG_CASES = 64  # random offset tables per CP size
 # torch's warning for each synchronizing CUDA operation; not its one-time notice that the debug mode "does not yet
 # detect all synchronizing operations" (which the first counted step of a process also receives)
@@ -81,9 +83,10 @@ def check_zigzag(device: torch.device, partitioned_indices: Callable[..., torch.
 
 
 def _random_mask(generator: torch.Generator, batch: int = 6, seq_len: int = 24) -> torch.Tensor:
-    mask = torch.rand(batch, seq_len, generator=generator) < 0.6
+    """Rows of 1..S tokens anywhere (``bench.batches``), row 0 a 1-token row."""
+    _, mask = rollout_batch(batch, seq_len, padding="anywhere", generator=generator)
     mask[0] = False
-    mask[0, 3] = True  # a 1-token row
+    mask[0, 3] = True
     return mask
 
 
@@ -225,24 +228,22 @@ def run_bench(folder: Path, gpus: int, run_command: RunCommand = _run) -> dict[s
     """``bench --device cuda --quick`` over the CP sizes the GPUs allow (1, 2, 4 up to ``gpus``)."""
     cp_sizes = ",".join(str(cp) for cp in (1, 2, 4) if cp <= max(gpus, 1))
     command = _cli("bench", "--device", "cuda", "--quick", "--cp-sizes", cp_sizes, "--output", str(folder))
-    result = run_command(command, 1800)
-    report: dict[str, Any] = {"ok": result.returncode == 0, "command": command[2:], "returncode": result.returncode}
-    results = folder / "results.json"
-    if results.is_file():
-        report["results"] = json.loads(results.read_text())
-    if result.returncode != 0:
-        report["stderr_tail"] = result.stderr[-2000:]
-    return report
+    return _run_cli(command, folder / "results.json", "results", run_command)
 
 
 def run_verify_cp(folder: Path, run_command: RunCommand = _run) -> dict[str, Any]:
     """``verify-cp --cp 2`` with its JSON report."""
     path = folder / "verify_cp.json"
     command = _cli("verify-cp", "--cp", "2", "--json", str(path))
+    return _run_cli(command, path, "report", run_command)
+
+
+def _run_cli(command: list[str], written: Path, key: str, run_command: RunCommand) -> dict[str, Any]:
+    """Run one CLI command; its exit status, the JSON it wrote (as ``key``) and, when it failed, its stderr's tail."""
     result = run_command(command, 1800)
     report: dict[str, Any] = {"ok": result.returncode == 0, "command": command[2:], "returncode": result.returncode}
-    if path.is_file():
-        report["report"] = json.loads(path.read_text())
+    if written.is_file():
+        report[key] = json.loads(written.read_text())
     if result.returncode != 0:
         report["stderr_tail"] = result.stderr[-2000:]
     return report

@@ -1,17 +1,9 @@
 """The counting task's reward model: the checkpoint ``verl-cppack ppo`` initialises verl's critic from.
 
-As in InstructGPT (Ouyang et al. 2022, "we initialize the value function from the RM"), the critic does not start
-from the policy's random checkpoint but from a model that has learnt to score responses. Here that model is the
-task's tiny Llama trained for a few hundred steps, on made-up responses, to predict ``score_response`` at the
-response's last token: after it, its trunk checks whether each symbol is its predecessor plus one and counts
-them, which is what a value at a response position needs ("how many earlier tokens were right").
-
-Replayed over the rollouts of eight real PPO runs (``scripts/critic_replay.py``; README, Results), a critic from
-this model's trunk explained more of the returns' variance over the last fifth of steps than one from the
-policy's random checkpoint on every run (0.10-0.36 against 0.04-0.30).
-
-Saved as a ``LlamaForCausalLM`` checkpoint (the trained trunk, the policy's LM head): verl's Megatron critic
-loads the trunk through mbridge and puts a fresh value head in place of the LM head, as for any base model.
+As in InstructGPT ("we initialize the value function from the RM"): the task's tiny Llama trained for a few hundred
+steps on made-up responses to predict ``score_response`` at the last token (README, Results: a better critic start
+than the random policy on every replayed run). Saved as a ``LlamaForCausalLM`` checkpoint; verl's Megatron critic
+puts a fresh value head in place of its LM head.
 """
 
 from __future__ import annotations
@@ -52,12 +44,8 @@ def sample_scored_response(rng: random.Random) -> tuple[str, str, float]:
     length = rng.randint(0, RESPONSE_LENGTH - 1) if rng.random() < 0.1 else RESPONSE_LENGTH
     previous, response = prompt[-1], []
     for _ in range(length):
-        if rng.random() < counting:
-            symbol = successor(previous)
-        else:
-            symbol = rng.choice(SYMBOLS)
-        response.append(symbol)
-        previous = symbol
+        previous = successor(previous) if rng.random() < counting else rng.choice(SYMBOLS)
+        response.append(previous)
     text = "".join(response)
     return prompt, text, score_response(prompt[-1], text)
 

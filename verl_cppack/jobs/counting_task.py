@@ -1,20 +1,10 @@
 """The counting task, made locally for verl's trainer: a tiny Llama, a character tokenizer, parquet data, a reward.
 
-Nothing can be downloaded on the machines this runs on, so every asset is created here once and cached:
-
-- a character-level tokenizer over ``SYMBOLS`` (``tokenizers`` library, saved as a Hugging Face fast tokenizer
-  with a chat template that emits the message text unchanged);
-- a tiny ``LlamaForCausalLM`` with random weights (seeded), saved with ``save_pretrained`` in float32;
-- ``train.parquet`` / ``test.parquet`` in verl's RL dataset format (``prompt`` as chat messages,
-  ``reward_model.ground_truth``);
-- the reward, verl's ``custom_reward_function``: a copy of ``counting_reward.py`` (verl loads it by path).
-
-Everything lives in one directory, which the jobs ship to every Ray worker as its working directory.
-
-The task: a prompt is a run of 2..6 symbols; the ideal response continues counting from the prompt's last
-symbol, modulo the alphabet (``"3a"`` -> ``"bcdef0"``). The reward is the fraction of the ``RESPONSE_LENGTH``
-response positions whose symbol is its predecessor plus one, so it gives partial credit per token and a random
-policy scores about ``1 / len(SYMBOLS)``; a response that stops early forfeits the missing positions.
+Nothing can be downloaded where this runs, so every asset is made here once and cached in one directory (which the
+jobs ship to every Ray worker as its working directory): a character-level fast tokenizer over ``SYMBOLS``, a
+seeded random ``LlamaForCausalLM`` in float32, ``train.parquet`` / ``test.parquet`` in verl's RL dataset format, and
+a copy of ``counting_reward.py`` as verl's ``custom_reward_function``. A prompt is 2..6 symbols; the reward is the
+fraction of the ``RESPONSE_LENGTH`` response symbols that are their predecessor plus one (``"3a"`` -> ``"bcdef0"``).
 """
 
 from __future__ import annotations
@@ -68,22 +58,10 @@ def cache_root() -> Path:
 class CountingPaths:
     root: Path
 
-    @property
-    def model(self) -> Path:
-        return self.root / "model"
-
-    @property
-    def train(self) -> Path:
-        return self.root / "train.parquet"
-
-    @property
-    def test(self) -> Path:
-        return self.root / "test.parquet"
-
-    @property
-    def reward(self) -> Path:
-        """The file verl's ``reward.custom_reward_function.path`` points at (a copy of ``counting_reward.py``)."""
-        return self.root / "counting_reward.py"
+    model = property(lambda self: self.root / "model")
+    train = property(lambda self: self.root / "train.parquet")
+    test = property(lambda self: self.root / "test.parquet")
+    reward = property(lambda self: self.root / "counting_reward.py")  # a copy of counting_reward.py, verl loads by path
 
     def relative(self, path: Path) -> str:
         """``path`` relative to the task directory: what a Ray worker whose working directory it is opens."""

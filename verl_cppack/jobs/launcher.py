@@ -1,14 +1,9 @@
 """Run ``verl.trainer.main_ppo`` as a child process with verl_cppack on, follow its metrics, write the results.
 
-The child is verl's own trainer, unchanged: ``python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer
-<overrides>``, joined to the job's Ray cluster (``ray_kwargs.ray_init.address``) with the environment, code and
-files of ``worker_env`` in its own environment and in every Ray worker's (``ray_kwargs.ray_init.runtime_env``).
-verl's ``file`` logger writes one JSON line per step (``VERL_FILE_LOGGER_PATH``); the launcher follows that file,
-prints a progress line per step and appends the step's metrics, under verl's names, to ``DIR/metrics.jsonl``.
-While it waits it asks ``watch`` whether the run can go on (a dead node, a placement group that cannot be
-placed: ``ray_cluster.ClusterSession.watch``), and stops a trainer that logs no step for ``step_timeout_s`` — the
-first one, which includes Ray's and vLLM's start-up, for ``first_step_timeout_s`` (a call that hangs without
-failing: no process dies, no call ends). The trainer's own output goes to ``DIR/trainer.log``.
+The child is verl's own trainer, unchanged, joined to the job's Ray cluster with ``worker_env``'s environment. The
+launcher follows verl's ``file`` logger (one JSON line per step), prints a progress line and appends each step to
+``DIR/metrics.jsonl``; it stops the trainer when ``watch`` says the run cannot go on or no step lands in
+``step_timeout_s`` (the first: ``first_step_timeout_s``). The trainer's own output goes to ``DIR/trainer.log``.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_cppack.integrations.verl.call_counts import sum_calls
+from verl_cppack.jobs.call_counts import sum_calls
 from verl_cppack.jobs.output import MetricsWriter, fifth_means, read_metrics
 from verl_cppack.jobs.parallel_shape import ParallelShape
 from verl_cppack.jobs.trainer_config import CONFIG_NAME
@@ -57,22 +52,11 @@ class TrainerRun:
     step_timeout_s: float = STEP_TIMEOUT_S  # no step logged for this long (nor an exit): the run is stopped
     first_step_timeout_s: float = FIRST_STEP_TIMEOUT_S  # the same for the first step, counted from the start
 
-    @property
-    def verl_metrics_path(self) -> Path:
-        return self.output_dir / "verl_metrics.jsonl"
-
-    @property
-    def call_count_dir(self) -> Path:
-        return self.output_dir / "dropin_calls"
-
-    @property
-    def call_count_key(self) -> str:
-        """This run's key in the cluster's key-value store (the output directory is fresh, so it is unique)."""
-        return f"calls/{self.output_dir.resolve()}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.output_dir / "trainer.log"
+    verl_metrics_path = property(lambda self: self.output_dir / "verl_metrics.jsonl")
+    call_count_dir = property(lambda self: self.output_dir / "dropin_calls")
+    log_path = property(lambda self: self.output_dir / "trainer.log")
+    # this run's key in the cluster's key-value store (the output directory is fresh, so it is unique)
+    call_count_key = property(lambda self: f"calls/{self.output_dir.resolve()}")
 
     def environment(self) -> dict[str, str]:
         base = worker_environment(
@@ -82,15 +66,9 @@ class TrainerRun:
 
     def command(self) -> list[str]:
         runtime_env = runtime_environment(self.environment(), self.task_dir)
-        ray_init = [
-            f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_string(v)}"
-            for k, v in runtime_env.pop("env_vars").items()
-        ]
-        ray_init.append(
-            "++ray_kwargs.ray_init.runtime_env.py_modules=["
-            + ",".join(hydra_string(m) for m in runtime_env.pop("py_modules"))
-            + "]"
-        )
+        env_vars, py_modules = runtime_env.pop("env_vars"), runtime_env.pop("py_modules")
+        ray_init = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_string(v)}" for k, v in env_vars.items()]
+        ray_init.append(f"++ray_kwargs.ray_init.runtime_env.py_modules=[{','.join(map(hydra_string, py_modules))}]")
         ray_init += [f"++ray_kwargs.ray_init.runtime_env.{k}={hydra_string(v)}" for k, v in runtime_env.items()]
         if self.address:
             ray_init.append(f"++ray_kwargs.ray_init.address={hydra_string(self.address)}")
@@ -191,18 +169,10 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _trainer_setup() -> Callable[[], None]:
-    """What the trainer's process does before exec (``preexec_fn``):
-
-    - SIGINT back to its default, so that ``stop_process_group``'s SIGINT shuts verl and Ray down even when this
-      command was started with SIGINT ignored (``nohup ... &``);
-    - on Linux, SIGKILL when this launcher dies without cleaning up (SIGKILL, SIGHUP from a closed terminal): the
-      trainer runs in its own session, so nothing else would stop it. Not SIGINT: the Ray cluster a local run
-      started dies with the launcher, and a driver asked to shut down cleanly then waits on its vanished GCS for
-      Ray's reconnect timeout (60 s). Killed, the driver is what Ray cleans up after: the job's actors and
-      placement groups go with it, on a cluster the run joined as well.
-
-    libc is loaded here, in the launcher: the child, between fork and exec, only calls it.
-    """
+    """What the trainer's process does before exec (``preexec_fn``): SIGINT back to its default (a launcher started
+    with SIGINT ignored can still stop it) and, on Linux, SIGKILL when the launcher dies without cleaning up (not
+    SIGINT: a driver shutting down cleanly would wait 60 s on the vanished local GCS; killed, Ray cleans up after it).
+    libc is loaded here, in the launcher: the child, between fork and exec, only calls it."""
     prctl = None
     if sys.platform.startswith("linux"):
         import ctypes

@@ -106,12 +106,3 @@ def plot_panels(records: Sequence[dict[str, Any]], path: Path, title: str, panel
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return None
-
-
-def plot_reward_curve(records: Sequence[dict[str, Any]], path: Path, title: str = "GRPO") -> str | None:
-    """Mean reward and k3 KL per step."""
-    panels = [
-        Panel("reward_mean", "mean reward", "tab:blue", ylim=(0, 1)),
-        Panel("kl", "k3 KL to reference", "tab:orange"),
-    ]
-    return plot_panels(records, path, f"{title}: reward per step", panels)

@@ -1,18 +1,10 @@
 """The Ray cluster a job runs on, held by the launcher from before verl starts until after it ends.
 
-``ClusterSession.open`` starts a local cluster (the default: ``workers`` logical GPUs, one per worker slot, as the
-CPU platform counts them) or joins the running one at ``--address`` / ``RAY_ADDRESS`` (``HOST:PORT`` or ``auto``)
-without asking Ray for resources. Either way verl's trainer then joins it too (by the local cluster's GCS address,
-or by the user's own address), so one path serves both, and the launcher can:
-
-- refuse a cluster that cannot hold the job before verl starts (``capacity_problem``: worker slots and CPUs
-  per node, as verl's placement groups will ask for them) — one line naming what is missing and how to provide
-  it, never a placement group pending forever;
-- watch the run (``watch``): a node hosting the job's workers that dies, or a placement group verl asked for
-  that stays pending, is reported so the launcher stops the trainer (exit 3);
-- read the drop-in call records the workers published in the cluster's key-value store, wherever they ran;
-- leave nothing behind: a local cluster is stopped on ``close``; on a joined one the trainer's Ray job ends with
-  its driver, which takes its actors and placement groups with it.
+``ClusterSession.open`` starts a local cluster (``workers`` logical GPUs, one per worker slot) or joins the one at
+``--address`` / ``RAY_ADDRESS``; verl's trainer then joins it too. Before verl starts, a cluster that cannot hold the
+job is refused in one line (``capacity_problem``); while it runs, ``watch`` reports a dead node of the job or a
+placement group pending too long; ``close`` stops a local cluster (on a joined one the trainer's Ray job ends with its
+driver).
 """
 
 from __future__ import annotations
@@ -86,10 +78,9 @@ AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 def check_joinable(address: str) -> None:
     """Refuse, in bounded time, an address this process could not join: nothing listens there, something that is
-    not a Ray head does (a child process tries to join and is killed after ``JOIN_TIMEOUT_S``: Ray itself waits
-    minutes), or the cluster wants a token this client does not send. ``ray start --head`` turns token
-    authentication on, and Ray sends the token to an explicit ``HOST:PORT`` only with ``RAY_AUTH_MODE=token`` (it
-    does so on its own only for ``auto``); the job does not choose that for the user, it says so."""
+    not a Ray head does (a child process tries to join for ``JOIN_TIMEOUT_S``), or the cluster wants a token this
+    client does not send (Ray sends it to an explicit ``HOST:PORT`` only with ``RAY_AUTH_MODE=token``: said, not
+    chosen for the user)."""
     import os
     import subprocess
     import sys

@@ -1,14 +1,9 @@
 """Reference log-probs through verl's Megatron engine at context parallelism N (``verl-cppack ref-logprobs``).
 
-:func:`run` takes a checked request (``ref_logprobs_input.prepare``) and runs ``cp`` gloo processes through the
-project's harness (``runtime.gloo_world``); each sets ``VERL_PLATFORM=cpu`` before importing verl, imports
-``verl_cppack.verl_plugin``, builds verl's forward-only (reference) Megatron engine on the checkpoint and
-computes the response log-probs the way verl's reference worker does
-(``verl_cppack.runtime.megatron_engine.response_log_probs``). Rank 0 writes ``ref_logprobs.jsonl`` (one line per
-input row) and ``summary.json``; each rank's output goes to ``worker-<rank>.log``.
-
-Failures: ``BadInput`` (``ValueError``) before anything starts; :class:`WorkerFailed` when a worker raised or died
-(the others are stopped); ``KeyboardInterrupt`` stops every worker before it propagates.
+:func:`run` runs a checked request (``ref_logprobs_input.prepare``) in ``cp`` gloo processes (``runtime.gloo_world``),
+each with verl's forward-only Megatron engine (``runtime.megatron_engine.response_log_probs``); rank 0 writes
+``ref_logprobs.jsonl`` and ``summary.json``, each rank's output goes to ``worker-<rank>.log``. :class:`WorkerFailed`
+when a worker raised or died (the others are stopped).
 """
 
 from __future__ import annotations
@@ -83,12 +78,8 @@ def write_results(request: RefLogprobsRequest, log_probs: torch.Tensor, wall_s: 
 
 
 def run(request: RefLogprobsRequest) -> dict[str, Any]:
-    """Run ``request.cp`` gloo ranks, wait for them, return rank 0's ``summary.json``.
-
-    Raises :class:`WorkerFailed` when a rank reports an error or exits without reporting (the others are
-    stopped; each rank's output is in ``worker-<rank>.log`` of the output directory). On
-    ``KeyboardInterrupt`` every worker is stopped before it propagates.
-    """
+    """Run ``request.cp`` gloo ranks, wait for them, return rank 0's ``summary.json``; :class:`WorkerFailed` when a
+    rank fails (every worker is stopped first, as on ``KeyboardInterrupt``)."""
     try:
         run_world(
             _score,

@@ -64,12 +64,14 @@ def load_pairs(path: str | Path) -> list[Pair]:
             raise BadInput(
                 f"{path} row {index} needs 'prompt_ids' and 'response_ids', lacks {missing} (has {sorted(row)})"
             )
+        # a parquet cell is a numpy array: its tolist() gives Python ints
         pairs.append(
-            (
-                _token_ids(row["prompt_ids"], path, index, "prompt_ids"),
-                _token_ids(row["response_ids"], path, index, "response_ids"),
-            )
+            tuple(ids.tolist() if hasattr(ids, "tolist") else ids for ids in (row["prompt_ids"], row["response_ids"]))
         )
+    try:
+        check_pairs(pairs)
+    except (TypeError, ValueError) as error:
+        raise BadInput(f"{path}: {error}") from error
     return pairs
 
 
@@ -103,22 +105,6 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
         return pandas.read_parquet(path).to_dict("records")
     except Exception as error:  # pyarrow raises its own error types for a file that is not parquet
         raise BadInput(f"cannot read {path} as parquet: {type(error).__name__}: {error}") from error
-
-
-def _token_ids(value: Any, path: Path, index: int, column: str) -> list[int]:
-    """A list of Python ints from a JSON list or a parquet array; floats, bools and strings are refused."""
-    if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):  # numpy array from parquet
-        value = value.tolist()
-    if not isinstance(value, (list, tuple)):
-        raise BadInput(f"{path} row {index} {column} must be a list of integer token ids, got {value!r}")
-    ids = []
-    for token in value:
-        if hasattr(token, "item") and not isinstance(token, (bool, int, float, str)):
-            token = token.item()  # numpy scalar
-        if isinstance(token, bool) or not isinstance(token, int):
-            raise BadInput(f"{path} row {index} {column} holds {token!r}; token ids must be integers")
-        ids.append(token)
-    return ids
 
 
 def synthetic_pairs(count: int, vocab_size: int, seed: int) -> list[Pair]:
@@ -181,10 +167,6 @@ def prepare(
     vocab_size = model_vocab_size(model)
     pairs = load_pairs(input_path) if input_path is not None else synthetic_pairs(synthetic, vocab_size, seed)
     where = f"{input_path}: " if input_path is not None else ""
-    try:
-        check_pairs(pairs)
-    except (TypeError, ValueError) as error:
-        raise BadInput(f"{where}{error}") from error
     try:
         check_pairs(pairs, vocab_size)
     except ValueError as error:  # a token id >= vocab_size

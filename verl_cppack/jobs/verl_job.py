@@ -16,12 +16,12 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from verl_cppack.core.checks import require_int
-from verl_cppack.integrations.verl.call_counts import read_call_records, read_ray_call_records
+from verl_cppack.jobs.call_counts import read_call_records, read_ray_call_records
 from verl_cppack.jobs.counting_task import ensure_counting_assets
 from verl_cppack.jobs.launcher import (
     FIRST_STEP_TIMEOUT_S,
@@ -59,11 +59,7 @@ class JobKind:
 
 
 @dataclass(frozen=True)
-class JobSettings:
-    cp: int = 2
-    tp: int = 1
-    dp: int = 1
-    nnodes: int = 1
+class JobSettings(ParallelShape):  # tp, cp, dp, nnodes, then:
     steps: int = 30
     output: str | None = None  # default: runs/<kind>
     address: str | None = None
@@ -78,7 +74,7 @@ class JobSettings:
     step_timeout_s: float = STEP_TIMEOUT_S  # the longest wait for a step; the first's at least FIRST_STEP_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        ParallelShape(tp=self.tp, cp=self.cp, dp=self.dp, nnodes=self.nnodes)  # checks them
+        super().__post_init__()
         for name in ("steps", "prompts_per_step", "group_size"):
             require_int(name, getattr(self, name), minimum=1)
         require_int("seed", self.seed, minimum=0)
@@ -123,17 +119,7 @@ def prepare_job(kind: JobKind, settings: JobSettings, output_dir: Path | None = 
         raise ValueError(f"group_size must be >= {kind.min_group_size} for {kind.name}, got {settings.group_size}")
     # absolute: verl's processes run in the task directory
     output_dir = (output_dir or fresh_output_dir(settings.output or f"runs/{kind.name}")).resolve()
-    run = CpuRun(
-        assets=ensure_counting_assets(),
-        shape=settings.shape,
-        steps=settings.steps,
-        prompts_per_step=settings.prompts_per_step,
-        group_size=settings.group_size,
-        seed=settings.seed,
-        learning_rate=settings.learning_rate,
-        output_dir=output_dir,
-        rollout=settings.rollout,
-    )
+    run = _from_settings(CpuRun, settings, assets=ensure_counting_assets(), output_dir=output_dir)
     overrides = merge_overrides(
         recipe_overrides(kind.recipe),
         cpu_overlay(run),
@@ -145,6 +131,12 @@ def prepare_job(kind: JobKind, settings: JobSettings, output_dir: Path | None = 
     kind.make_assets(run, config)
     check_composed(config, run.assets.root)
     return PreparedJob(kind, settings, overrides, output_dir, run.assets.root, config)
+
+
+def _from_settings(target: type, settings: JobSettings, **values: Any) -> Any:
+    """``target(**values)`` with its other fields taken from the settings' fields (and ``shape``) of the same name."""
+    names = {field.name for field in fields(target)} - values.keys()
+    return target(**{name: getattr(settings, name) for name in names if hasattr(settings, name)}, **values)
 
 
 def check_composed(config: Any, task_dir: Path) -> None:
@@ -161,9 +153,7 @@ def check_composed(config: Any, task_dir: Path) -> None:
     with warnings.catch_warnings():  # need_critic warns that GRPO has no critic: verl's note, not the user's problem
         warnings.simplefilter("ignore")
         use_critic, use_reference = need_critic(config), need_reference_policy(config)
-    for key in ("actor_rollout_ref.model.path", "critic.model.path"):
-        if key.startswith("critic") and not use_critic:
-            continue
+    for key in ("actor_rollout_ref.model.path", *(("critic.model.path",) if use_critic else ())):
         path = task_dir / Path(str(_select(config, key))).expanduser()  # an absolute path stays itself
         if not (path / "config.json").is_file():
             raise ValueError(
@@ -250,15 +240,13 @@ def run_job(prepared: PreparedJob, on_step: Callable[[dict[str, Any]], None] = l
     started = time.monotonic()
     session = ClusterSession.open(settings.address, settings.shape)
     try:
-        run = TrainerRun(
+        run = _from_settings(
+            TrainerRun,
+            settings,
             overrides=prepared.overrides,
             output_dir=output_dir,
-            shape=settings.shape,
             address=session.address,
             task_dir=prepared.task_dir,
-            verbose=settings.verbose,
-            rollout=settings.rollout,
-            step_timeout_s=settings.step_timeout_s,
             first_step_timeout_s=max(settings.step_timeout_s, FIRST_STEP_TIMEOUT_S),
         )
         records = run_trainer(run, on_step, watch=session.watch)
@@ -275,15 +263,13 @@ def run_job(prepared: PreparedJob, on_step: Callable[[dict[str, Any]], None] = l
 def write_plots(kind: JobKind, records: Sequence[dict[str, Any]], output_dir: Path) -> list[str]:
     """``reward_curve.png`` (reward and actor panels) and, for a job with a critic, ``critic_curve.png``."""
     written = []
-    groups = {
-        "reward_curve.png": [p for p in kind.panels if not p.key.startswith("critic/vf")],
-        "critic_curve.png": [p for p in kind.panels if p.key.startswith("critic/vf")],
-    }
-    for name, panels in groups.items():
-        present = [panel for panel in panels if all(panel.key in record for record in records)]
-        if (
-            present
-            and plot_panels(records, output_dir / name, f"verl {kind.name.upper()}, counting task", present) is None
-        ):
+    for name, critic in (("reward_curve.png", False), ("critic_curve.png", True)):
+        present = [
+            panel
+            for panel in kind.panels
+            if panel.key.startswith("critic/vf") == critic and all(panel.key in record for record in records)
+        ]
+        title = f"verl {kind.name.upper()}, counting task"
+        if present and plot_panels(records, output_dir / name, title, present) is None:
             written.append(str(output_dir / name))
     return written

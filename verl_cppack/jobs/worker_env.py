@@ -1,22 +1,10 @@
 """What a job hands verl's trainer and every Ray worker it starts: environment variables, code and files.
 
-One place for the protocol between the launcher and the processes it never starts itself:
-
-- ``VERL_PLATFORM=cpu`` and ``VERL_USE_EXTERNAL_MODULES=verl_cppack.verl_plugin``: every verl process loads the
-  plugin (the drop-ins) and arms the CPU runtime;
-- ``VERL_FILE_LOGGER_PATH``: verl's ``file`` logger writes one JSON line per step there (the launcher follows it);
-- the drop-in call records (``integrations.verl.call_counts``): published in the cluster's key-value store under
-  a key of this run, so that workers on every node reach the launcher; a directory as the fallback for a process
-  that is not connected to Ray;
-- gloo's interface: loopback on one node; across nodes each worker binds to the interface holding its node's
-  Ray address (``integrations.verl.cpu.gloo_interface``); a ``GLOO_SOCKET_IFNAME`` the user set is passed on;
-- vLLM's CPU build (``--rollout vllm``): its KV cache (``VLLM_CPU_KVCACHE_SPACE``, GiB per replica), its threads
-  (``VLLM_CPU_OMP_THREADS_BIND=nobind``: OpenMP places them, the trainer's workers share the cores with it) and no
-  core reserved for its scheduler (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``: by default vLLM keeps one of the machine's two
-  cores away from everything else);
-- Ray's runtime environment: the task directory as every worker's working directory (the config names the
-  task's files relative to it) and the ``verl_cppack`` package as a ``py_module``, so that no node needs the
-  driver's file system or its own install of verl_cppack.
+The protocol between the launcher and the processes it never starts itself (docs/design.md): ``VERL_PLATFORM=cpu``
+and the plugin as verl's external module, verl's ``file`` logger path, where the drop-in call records go, gloo's
+interface (loopback on one node, the Ray node's interface across nodes, a user's ``GLOO_SOCKET_IFNAME`` kept), vLLM's
+CPU settings, and Ray's runtime environment (the task directory as working directory, ``verl_cppack`` as a
+``py_module``: no node needs the driver's file system).
 """
 
 from __future__ import annotations
@@ -26,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import verl_cppack
-from verl_cppack.integrations.verl.call_counts import COUNT_DIR_ENV, COUNT_RAY_KEY_ENV
+from verl_cppack.jobs.call_counts import COUNT_DIR_ENV, COUNT_RAY_KEY_ENV
 from verl_cppack.jobs.trainer_config import PLUGIN
 from verl_cppack.runtime import PLATFORM_ENV
 from verl_cppack.runtime.gloo_interface import (
@@ -58,7 +46,7 @@ def worker_environment(
     user_env = os.environ if user_env is None else user_env
     environment = {
         PLATFORM_ENV: "cpu",
-        EXTERNAL_MODULES_ENV: PLUGIN,
+        EXTERNAL_MODULES_ENV: f"{PLUGIN},verl_cppack.jobs.call_counts",  # the drop-ins, counted
         FILE_LOGGER_ENV: str(metrics_path.resolve()),
         COUNT_RAY_KEY_ENV: call_count_key,
         COUNT_DIR_ENV: str(call_count_dir.resolve()),

@@ -25,9 +25,11 @@ class RowCopy:
     zero_positions: torch.Tensor | None
 
     @classmethod
-    def of(cls, index: np.ndarray, zero_positions: np.ndarray, device: torch.device) -> RowCopy:
-        """The copy of host tables: sent to ``device`` (one copy each), no zeroing where none is listed."""
-        zeros = to_device(zero_positions, device) if zero_positions.size else None
+    def of(cls, index: np.ndarray, zero_positions: np.ndarray, device: torch.device, may_zero: bool) -> RowCopy:
+        """The copy of host tables: sent to ``device`` (one copy each). ``may_zero``: the plan's policy can leave
+        positions without a token, so the zeroing runs even where this batch lists none — the ops a copy
+        dispatches then depend on the policy, not on the batch's lengths; without it, no zeroing where none is listed."""
+        zeros = to_device(zero_positions, device) if zero_positions.size or may_zero else None
         return cls(to_device(index, device), zeros)
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
@@ -41,7 +43,8 @@ class RowCopy:
 class RowScatter:
     """``stream [T, *] -> [rows, *]``: position ``p`` lands on row ``index[p]`` ([T] int64, distinct); the ``sinks``
     rows past ``rows`` take the positions without a token and are dropped; rows nothing lands on are zero
-    (``zeroed``; ``False`` where every row receives a position). Rows of one element go through the 1-D
+    (``zeroed``; ``False`` where every row receives a position); ``trim``: drop the sinks (set wherever the plan's
+    policy can pad, even with no sink in this batch: the same ops for every batch). Rows of one element go through the 1-D
     ``scatter_``, the fast kernel here (about 2.5x ``index_copy_``'s speed on 1 M float32 positions, this machine, one
     thread); wider rows through ``index_copy_`` (faster than ``scatter_`` with an expanded index from 2 columns on)."""
 
@@ -49,6 +52,7 @@ class RowScatter:
     rows: int
     sinks: int
     zeroed: bool
+    trim: bool
 
     def __call__(self, stream: torch.Tensor) -> torch.Tensor:
         shape = (self.rows + self.sinks, *stream.shape[1:])
@@ -59,7 +63,7 @@ class RowScatter:
             out.view(-1).scatter_(0, self.index, stream.reshape(-1))
         else:
             out.index_copy_(0, self.index, stream)
-        return out[: self.rows] if self.sinks else out
+        return out[: self.rows] if self.trim else out
 
 
 # dtypes the index kernels (gather, index_fill_) lack are copied as the same-size integer: the bytes move as is. The

@@ -214,7 +214,7 @@ class PackPlan:
         key = ("pack", shift, wrap and shift > 0)
         copy = self._copies.get(key)
         if copy is None:
-            copy = RowCopy.of(*self._pack_index(shift, wrap), self.device)
+            copy = RowCopy.of(*self._pack_index(shift, wrap), self.device, bool(shift) or self._may_pad)
             if self.token_rows is not None:  # token index -> its source row
                 copy = RowCopy(self.token_rows.index_select(0, copy.index), copy.zero_positions)
             self._copies[key] = copy
@@ -240,7 +240,18 @@ class PackPlan:
         index (a padded output has many more rows than the stream has positions): the row ``pack`` read there."""
         read = self._stream_read
         gaps = self.source_rows > self.num_valid_tokens  # a padded source's rows that hold no token stay zero
-        return RowScatter(self._rows_written(read), self.source_rows, read[1].size, zeroed=gaps)
+        sinks = read[1].size
+        return RowScatter(
+            self._rows_written(read), self.source_rows, sinks, zeroed=gaps, trim=bool(sinks) or self._may_pad
+        )
+
+    @cached_property
+    def _may_pad(self) -> bool:
+        """Whether the padding policy can leave positions without a token. A copy's ops follow it, not the batch's
+        lengths: the op count of a micro-batch is the same for every batch of one policy."""
+        alignment = self.alignment
+        lengths = alignment.min_slot_length or alignment.min_stream_length
+        return alignment.slot_multiple > 1 or alignment.stream_multiple > 1 or lengths > 0
 
     # ------------------------------------------------------------------ pack
     def pack(self, x: torch.Tensor, *, shift: int = 0, wrap: bool = False, name: str = "x") -> torch.Tensor:

@@ -1,11 +1,9 @@
-"""verl's own trainer on the host: a 'cpu' platform, a Hugging Face rollout and named fixes to verl, Megatron-core,
-mbridge and vLLM internals (``cpu_fixes.FIXES``, the vLLM ones from ``vllm_fixes``), each version-checked.
+"""verl's own trainer on the host: a 'cpu' platform, a Hugging Face rollout and named, version-checked fixes to
+verl, Megatron-core, mbridge and vLLM internals (``cpu_fixes.FIXES``).
 
-Switched on only when asked: ``VERL_PLATFORM=cpu`` in a process that imports ``verl_cppack.verl_plugin``
-(``VERL_USE_EXTERNAL_MODULES`` or ``external_lib``), as ``verl-cppack grpo`` sets up. ``activate()`` arms every
-fix: each is applied the moment its module finishes loading (now, if it is loaded already) and refuses with
-``FixTargetChanged`` when its target is not what it was written for. ``report()`` says, per fix, whether it
-was applied in this process.
+Armed only with ``VERL_PLATFORM=cpu`` in a process that imports ``verl_cppack.verl_plugin``. ``activate()`` arms every
+fix: each is applied when its module finishes loading and refuses with ``FixTargetChanged`` when its target is not
+what it was written for; ``report()`` says, per fix, whether it was applied in this process.
 """
 
 from __future__ import annotations

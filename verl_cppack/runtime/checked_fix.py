@@ -39,6 +39,26 @@ class Fix:
     needs: str | None = None
 
 
+def fix(table: list[Fix], name: str, fixes: str, target: tuple[str, str], module: str, needs: str | None = None):
+    """Decorator: append ``Fix(name, fixes, *target, module, <the function>, needs)`` to ``table``."""
+
+    def register(apply: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+        table.append(Fix(name, fixes, *target, module, apply, needs=needs))
+        return apply
+
+    return register
+
+
+def marked(function: Any) -> bool:
+    """Whether ``function`` is a fix's replacement (applying a fix again changes nothing)."""
+    return getattr(function, "__verl_cppack_fix__", False)
+
+
+def mark(function: Any) -> Any:
+    function.__verl_cppack_fix__ = True
+    return function
+
+
 @dataclass
 class FixStatus:
     fix: Fix
@@ -55,6 +75,9 @@ class FixSet:
         if fix.name in self.statuses:
             return
         status = self.statuses[fix.name] = FixStatus(fix)
+        if fix.needs is not None and installed_version(fix.needs) is None:  # its module may never load here
+            status.state, status.detail = "not needed", f"{fix.needs} is not installed"
+            return
         after_import(fix.module, functools.partial(_apply, status))
 
 

@@ -1,8 +1,7 @@
 """The fixes that let verl's own trainer (Megatron engine, Ray workers) run on the host, one named function each.
 
-Each is written for the versions in ``VERSIONS`` and checks its target before it changes it (see ``checked_fix.py``).
-The table in docs/design.md ("verl's own trainer on CPU") lists where verl 0.9.1 / Megatron-core 0.16.1 / mbridge 0.15.1 assume
-CUDA; the row each fix answers is in its docstring.
+Each is registered (``@fix``) for the versions it was written for and checks its target before it changes it
+(``checked_fix.py``); the row of docs/design.md's table of CPU fixes each answers is in its docstring.
 """
 
 from __future__ import annotations
@@ -19,26 +18,22 @@ from verl_cppack.runtime.checked_fix import (
     expect_attribute,
     expect_parameters,
     expect_source,
+    fix,
+    mark,
+    marked,
 )
 from verl_cppack.runtime.host_device import in_host_device_scope
-from verl_cppack.runtime.vllm_fixes import VLLM_FIXES
+from verl_cppack.runtime.vllm_fixes import VERL, VLLM_FIXES
 
-VERL = ("verl", ">=0.9.1,<0.10")
 MEGATRON = ("megatron-core", ">=0.16.1,<0.20")  # 0.16.1 (pinned stack) and 0.17-0.19 (current stack) read and run
 MBRIDGE = ("mbridge", ">=0.15.1,<0.16")
 MEGATRON_BRIDGE = ("megatron-bridge", ">=0.6.0,<0.7")  # read against 0.6.2
-
-
-def _marked(function: Any) -> bool:
-    return getattr(function, "__verl_cppack_fix__", False)
-
-
-def _mark(function: Any) -> Any:
-    function.__verl_cppack_fix__ = True
-    return function
+_FIXES: list[Fix] = []
+_fix = functools.partial(fix, _FIXES)  # @_fix(name, what it fixes, (distribution, versions), module)
 
 
 # ------------------------------------------------------------------------------------------------ verl
+@_fix("cpu-platform", "no 'cpu' platform in verl's PlatformRegistry", VERL, "verl.plugin.platform.platform_manager")
 def register_cpu_platform(module: ModuleType) -> None:
     """Row 1: verl ships no 'cpu' platform; register ours so that ``VERL_PLATFORM=cpu`` resolves to the host."""
     from verl_cppack.runtime.platform import PLATFORM_NAME, cpu_platform_class
@@ -49,10 +44,12 @@ def register_cpu_platform(module: ModuleType) -> None:
         registry.register(platform=PLATFORM_NAME)(cpu_platform_class())
 
 
+@_fix("gloo-process-group", "worker process group backend 'cpu:gloo,cpu:gloo'", VERL, "verl.utils.distributed")
+@_fix("gloo-process-group-workers", "the same, where the training worker bound it", VERL, "verl.workers.engine_workers")
 def gloo_process_group(module: ModuleType) -> None:
     """Row 2: the training worker asks for backend "cpu:gloo,cpu:gloo" (gloo twice); on the host use "gloo"."""
     original = expect_attribute(module, "initialize_global_process_group_ray", "gloo-process-group")
-    if _marked(original):
+    if marked(original):
         return
     expect_parameters(original, ("timeout_second", "backend"), "gloo-process-group")
     expect_source(
@@ -63,14 +60,15 @@ def gloo_process_group(module: ModuleType) -> None:
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
         return original(timeout_second=timeout_second, backend=backend or "gloo")
 
-    module.initialize_global_process_group_ray = _mark(initialize_global_process_group_ray)
+    module.initialize_global_process_group_ray = mark(initialize_global_process_group_ray)
 
 
+@_fix("float32-engine-config", "McoreEngineConfig refuses float32", VERL, "verl.workers.config.engine")
 def float32_engine_config(module: ModuleType) -> None:
     """Row 3: ``McoreEngineConfig`` admits bfloat16/float16 only; admit float32 (the optimizer then keeps fp32)."""
     config_class = expect_attribute(module, "McoreEngineConfig", "float32-engine-config")
     original = config_class.__post_init__
-    if _marked(original):
+    if marked(original):
         return
     expect_source(original, 'assert self.dtype in ["bfloat16", "float16"]', "float32-engine-config")
 
@@ -85,20 +83,19 @@ def float32_engine_config(module: ModuleType) -> None:
         finally:
             object.__setattr__(self, "dtype", asked)
 
-    config_class.__post_init__ = _mark(__post_init__)
+    config_class.__post_init__ = mark(__post_init__)
 
 
+@_fix(
+    "megatron-engine-on-cpu",
+    "engine registry, RNG tracker, offload helpers, CUDA literals",
+    VERL,
+    "verl.workers.engine.megatron.transformer_impl",
+)
 def megatron_engine_on_cpu(module: ModuleType) -> None:
-    """Rows 8-10 and 12, in verl's Megatron engine module:
-
-    - 10: the engines are registered for device 'cuda' only; register them for 'cpu' too;
-    - 9: ``set_random_seed`` seeds Megatron's CUDA RNG tracker (CUDA RNG state); seed torch, numpy and random
-      as it does and install a CPU tracker instead;
-    - 8: the (off)load helpers read ``buffer.param_data`` (None without the distributed optimizer); the device
-      is the host, so they do nothing;
-    - 12: the engine methods that build the model and optimizer, step, zero and run forward/backward reach
-      ``device='cuda'`` literals in Megatron; they run in ``host_device_scope`` (see ``host_device.py``).
-    """
+    """Rows 8-10 and 12, in verl's Megatron engine module: the engines registered for 'cpu' too (10), a CPU RNG
+    tracker seeded as ``set_random_seed`` seeds (9), no-op (off)load helpers (8), and the engine methods that reach
+    Megatron's ``device='cuda'`` literals run in ``host_device_scope`` (12)."""
     name = "megatron-engine-on-cpu"
     # Every target is checked before anything changes, so a refusal leaves the module as it was.
     engine_class = expect_attribute(module, "MegatronEngine", name)
@@ -110,7 +107,7 @@ def megatron_engine_on_cpu(module: ModuleType) -> None:
             raise FixTargetChanged(f"CPU fix {name!r}: no Megatron {model_type} engine registered for cuda")
         by_model_type.append(by_device)
     original_seed = expect_attribute(module, "set_random_seed", name)
-    if not _marked(original_seed):
+    if not marked(original_seed):
         expect_parameters(original_seed, ("seed",), name)
         expect_source(original_seed, "model_parallel_cuda_manual_seed", name)
     offload_helpers = {}
@@ -121,7 +118,7 @@ def megatron_engine_on_cpu(module: ModuleType) -> None:
         ("offload_megatron_optimizer", ("optimizers",)),
     ):
         original = expect_attribute(module, helper, name)
-        if not _marked(original):
+        if not marked(original):
             expect_parameters(original, parameters, name)
             offload_helpers[helper] = original
     scoped = (
@@ -135,7 +132,7 @@ def megatron_engine_on_cpu(module: ModuleType) -> None:
 
     for by_device in by_model_type:
         by_device.setdefault("cpu", by_device["cuda"])
-    if not _marked(original_seed):
+    if not marked(original_seed):
 
         @functools.wraps(original_seed)
         def set_random_seed(seed):
@@ -150,21 +147,22 @@ def megatron_engine_on_cpu(module: ModuleType) -> None:
             random.seed(seed)
             install_cpu_rng_tracker(seed)
 
-        module.set_random_seed = _mark(set_random_seed)
+        module.set_random_seed = mark(set_random_seed)
     for helper, original in offload_helpers.items():
-        setattr(module, helper, _mark(functools.wraps(original)(lambda *args, **kwargs: None)))
+        setattr(module, helper, mark(functools.wraps(original)(lambda *args, **kwargs: None)))
     for method_name, method in methods.items():
         if not getattr(method, "__verl_cppack_host_scope__", False):
             setattr(engine_class, method_name, in_host_device_scope(method))
 
 
 # --------------------------------------------------------------------------------------------- megatron
+@_fix("clip-grads-on-host", "gradient clipping asserts CUDA tensors", MEGATRON, "megatron.core.optimizer.clip_grads")
 def clip_grads_on_host(module: ModuleType) -> None:
     """Row 11: ``clip_grad_by_total_norm_fp32`` asserts CUDA float gradients and scales them with a CUDA kernel;
     on the host the same scaling is one ``torch._foreach_mul_`` over the fp32 gradients. megatron-core 0.17+ also
     takes a tensor ``total_norm``: its coefficient is clamped to 1 and always applied, as there."""
     original = expect_attribute(module, "clip_grad_by_total_norm_fp32", "clip-grads-on-host")
-    if _marked(original):
+    if marked(original):
         return
     expect_parameters(original, ("parameters", "max_norm", "total_norm", "use_decoupled_grad"), "clip-grads-on-host")
     expect_source(original, "assert param.grad.type() == 'torch.cuda.FloatTensor'", "clip-grads-on-host")
@@ -185,7 +183,7 @@ def clip_grads_on_host(module: ModuleType) -> None:
         elif clip_coefficient < 1.0 and grads:
             torch._foreach_mul_([g.detach() for g in grads], clip_coefficient)
 
-    _mark(clip_grad_by_total_norm_fp32)
+    mark(clip_grad_by_total_norm_fp32)
     module.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32
     import sys
 
@@ -195,12 +193,13 @@ def clip_grads_on_host(module: ModuleType) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- mbridge
+@_fix("local-layer-spec", "Transformer Engine layer spec", MBRIDGE, "mbridge.core.llm_bridge")
 def local_layer_spec(module: ModuleType) -> None:
     """Row 5: mbridge builds Transformer Engine layers; on the host use Megatron's local spec with
     verl_cppack's core attention (THD + context parallelism without TE)."""
     bridge_class = expect_attribute(module, "LLMBridge", "local-layer-spec")
     original = bridge_class._get_transformer_layer_spec
-    if _marked(original):
+    if marked(original):
         return
     expect_parameters(original, ("self", "vp_stage"), "local-layer-spec")
     expect_source(original, "use_transformer_engine=True", "local-layer-spec")
@@ -218,7 +217,34 @@ def local_layer_spec(module: ModuleType) -> None:
             layer_spec.submodules.self_attention.submodules.core_attention = core_attention
         return block_spec
 
-    bridge_class._get_transformer_layer_spec = _mark(_get_transformer_layer_spec)
+    bridge_class._get_transformer_layer_spec = mark(_get_transformer_layer_spec)
+
+
+LOCAL_TO_FUSED_NAMES = {
+    ".input_layernorm.weight": ".self_attention.linear_qkv.layer_norm_weight",
+    ".pre_mlp_layernorm.weight": ".mlp.linear_fc1.layer_norm_weight",
+}
+
+
+@_fix("local-layernorm-names", "weight names of TE's fused layernorms", MBRIDGE, "mbridge.core.bridge")
+def local_layernorm_names(module: ModuleType) -> None:
+    """Row 6: mbridge maps the names of TE's fused layernorms; the local spec keeps them as modules of their own
+    (``input_layernorm``, ``pre_mlp_layernorm``): map those to the fused names, then to Hugging Face's."""
+    bridge_class = expect_attribute(module, "Bridge", "local-layernorm-names")
+    original = bridge_class._weight_name_mapping_mcore_to_hf
+    if marked(original):
+        return
+    expect_parameters(original, ("self", "mcore_weights_name"), "local-layernorm-names")
+
+    @functools.wraps(original)
+    def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name):
+        for local, fused in LOCAL_TO_FUSED_NAMES.items():
+            if mcore_weights_name.endswith(local):
+                mcore_weights_name = mcore_weights_name[: -len(local)] + fused
+                break
+        return original(self, mcore_weights_name)
+
+    bridge_class._weight_name_mapping_mcore_to_hf = mark(_weight_name_mapping_mcore_to_hf)
 
 
 class _ModelTypeWithoutEncoderAndDecoder:
@@ -233,6 +259,12 @@ class _ModelTypeWithoutEncoderAndDecoder:
         return getattr(self._model_type, name)
 
 
+@_fix(
+    "mbridge-model-type",
+    "mbridge compares with ModelType.encoder_and_decoder, gone in megatron-core 0.17",
+    MBRIDGE,
+    "mbridge.core.util",
+)
 def model_type_without_encoder_decoder(module: ModuleType) -> None:
     """megatron-core 0.17 dropped ``ModelType.encoder_and_decoder``; mbridge 0.15.1's ``get_model`` still compares
     with it (an AttributeError for every model it builds). Not a CUDA assumption: the one fix the old mbridge needs
@@ -247,33 +279,14 @@ def model_type_without_encoder_decoder(module: ModuleType) -> None:
     module.ModelType = _ModelTypeWithoutEncoderAndDecoder(model_type)
 
 
-LOCAL_TO_FUSED_NAMES = {
-    ".input_layernorm.weight": ".self_attention.linear_qkv.layer_norm_weight",
-    ".pre_mlp_layernorm.weight": ".mlp.linear_fc1.layer_norm_weight",
-}
-
-
-def local_layernorm_names(module: ModuleType) -> None:
-    """Row 6: mbridge maps the names of TE's fused layernorms; the local spec keeps them as modules of their own
-    (``input_layernorm``, ``pre_mlp_layernorm``): map those to the fused names, then to Hugging Face's."""
-    bridge_class = expect_attribute(module, "Bridge", "local-layernorm-names")
-    original = bridge_class._weight_name_mapping_mcore_to_hf
-    if _marked(original):
-        return
-    expect_parameters(original, ("self", "mcore_weights_name"), "local-layernorm-names")
-
-    @functools.wraps(original)
-    def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name):
-        for local, fused in LOCAL_TO_FUSED_NAMES.items():
-            if mcore_weights_name.endswith(local):
-                mcore_weights_name = mcore_weights_name[: -len(local)] + fused
-                break
-        return original(self, mcore_weights_name)
-
-    bridge_class._weight_name_mapping_mcore_to_hf = _mark(_weight_name_mapping_mcore_to_hf)
-
-
 # ------------------------------------------------------------------------------------------- Megatron-Bridge
+@_fix(
+    "transformer-engine-stand-in",
+    "Megatron-Bridge imports Transformer Engine at package import",
+    MEGATRON_BRIDGE,
+    "megatron.core",
+    needs=MEGATRON_BRIDGE[0],
+)
 def transformer_engine_stand_in(module: ModuleType) -> None:
     """Row 21: Megatron-Bridge imports Transformer Engine at package import; once megatron-core has loaded (its own
     guards found no TE), ``megatron.bridge``'s package body runs inside ``transformer_engine_scope`` (stand-ins that
@@ -287,12 +300,19 @@ def transformer_engine_stand_in(module: ModuleType) -> None:
         around_import("megatron.bridge", transformer_engine_scope)
 
 
+@_fix(
+    "bridge-local-layer-spec",
+    "Transformer Engine layer spec of Megatron-Bridge's GPT providers",
+    MEGATRON_BRIDGE,
+    "megatron.bridge.models.gpt_provider",
+    needs=MEGATRON_BRIDGE[0],
+)
 def bridge_local_layer_spec(module: ModuleType) -> None:
     """Row 22: Megatron-Bridge's GPT providers build Transformer Engine's layer spec; on the host Megatron's local spec
     (the provider's own ``local_layer_spec``) with verl_cppack's core attention, as row 5 does for mbridge."""
     name = "bridge-local-layer-spec"
     original = expect_attribute(module, "transformer_engine_layer_spec", name)
-    if _marked(original):
+    if marked(original):
         return
     expect_parameters(original, ("config",), name)
     expect_source(original, "get_gpt_layer_with_transformer_engine_spec(", name)
@@ -307,7 +327,7 @@ def bridge_local_layer_spec(module: ModuleType) -> None:
         spec.submodules.self_attention.submodules.core_attention = core_attention_class("allgather", use_te=False)
         return spec
 
-    module.transformer_engine_layer_spec = _mark(transformer_engine_layer_spec)
+    module.transformer_engine_layer_spec = mark(transformer_engine_layer_spec)
 
 
 HF_ROLLOUT_NAME = "hf"
@@ -322,6 +342,7 @@ def load_hf_replica() -> type:
     return importlib.import_module(HF_ROLLOUT_MODULE).HFReplica
 
 
+@_fix("hf-rollout-adapter", "no CPU rollout in verl's rollout registry", VERL, "verl.workers.rollout.base")
 def hf_rollout_adapter(module: ModuleType) -> None:
     """Row 13: verl's rollout registry knows vllm, sglang and trtllm only; register ('hf', 'async') -> the Hugging
     Face server adapter, by name (verl imports it when a worker builds its rollout)."""
@@ -337,6 +358,7 @@ def hf_rollout_adapter(module: ModuleType) -> None:
         )
 
 
+@_fix("hf-rollout-replica", "no CPU rollout replica in verl's replica registry", VERL, "verl.workers.rollout.replica")
 def hf_rollout_replica(module: ModuleType) -> None:
     """Row 14: register the 'hf' replica (which launches the Hugging Face server actor) with verl's
     ``RolloutReplicaRegistry``; the loader imports it on demand, so registering imports nothing."""
@@ -345,93 +367,4 @@ def hf_rollout_replica(module: ModuleType) -> None:
     registry.register(HF_ROLLOUT_NAME, load_hf_replica)
 
 
-FIXES: tuple[Fix, ...] = (
-    Fix(
-        "cpu-platform",
-        "no 'cpu' platform in verl's PlatformRegistry",
-        *VERL,
-        "verl.plugin.platform.platform_manager",
-        register_cpu_platform,
-    ),
-    Fix(
-        "gloo-process-group",
-        "worker process group backend 'cpu:gloo,cpu:gloo'",
-        *VERL,
-        "verl.utils.distributed",
-        gloo_process_group,
-    ),
-    Fix(
-        "gloo-process-group-workers",
-        "the same, where the training worker bound it",
-        *VERL,
-        "verl.workers.engine_workers",
-        gloo_process_group,
-    ),
-    Fix(
-        "float32-engine-config",
-        "McoreEngineConfig refuses float32",
-        *VERL,
-        "verl.workers.config.engine",
-        float32_engine_config,
-    ),
-    Fix(
-        "megatron-engine-on-cpu",
-        "engine registry, RNG tracker, offload helpers, CUDA literals",
-        *VERL,
-        "verl.workers.engine.megatron.transformer_impl",
-        megatron_engine_on_cpu,
-    ),
-    Fix(
-        "clip-grads-on-host",
-        "gradient clipping asserts CUDA tensors",
-        *MEGATRON,
-        "megatron.core.optimizer.clip_grads",
-        clip_grads_on_host,
-    ),
-    Fix("local-layer-spec", "Transformer Engine layer spec", *MBRIDGE, "mbridge.core.llm_bridge", local_layer_spec),
-    Fix(
-        "local-layernorm-names",
-        "weight names of TE's fused layernorms",
-        *MBRIDGE,
-        "mbridge.core.bridge",
-        local_layernorm_names,
-    ),
-    Fix(
-        "mbridge-model-type",
-        "mbridge compares with ModelType.encoder_and_decoder, gone in megatron-core 0.17",
-        *MBRIDGE,
-        "mbridge.core.util",
-        model_type_without_encoder_decoder,
-    ),
-    Fix(
-        "transformer-engine-stand-in",
-        "Megatron-Bridge imports Transformer Engine at package import",
-        *MEGATRON_BRIDGE,
-        "megatron.core",
-        transformer_engine_stand_in,
-        needs=MEGATRON_BRIDGE[0],
-    ),
-    Fix(
-        "bridge-local-layer-spec",
-        "Transformer Engine layer spec of Megatron-Bridge's GPT providers",
-        *MEGATRON_BRIDGE,
-        "megatron.bridge.models.gpt_provider",
-        bridge_local_layer_spec,
-        needs=MEGATRON_BRIDGE[0],
-    ),
-    Fix(
-        "hf-rollout-adapter",
-        "no CPU rollout in verl's rollout registry",
-        *VERL,
-        "verl.workers.rollout.base",
-        hf_rollout_adapter,
-    ),
-    Fix(
-        "hf-rollout-replica",
-        "no CPU rollout replica in verl's replica registry",
-        *VERL,
-        "verl.workers.rollout.replica",
-        hf_rollout_replica,
-    ),
-    *VLLM_FIXES,  # verl's vLLM rollout on vLLM's CPU build (vllm_fixes.py)
-)
+FIXES: tuple[Fix, ...] = (*_FIXES, *VLLM_FIXES)  # verl's vLLM rollout on vLLM's CPU build: vllm_fixes.py

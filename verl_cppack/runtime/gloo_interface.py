@@ -1,11 +1,8 @@
 """The network interface gloo binds to in a Ray worker of a job whose workers span nodes.
 
-gloo binds every rank to ``GLOO_SOCKET_IFNAME``, or, unset, to the address the host name resolves to — loopback on
-many hosts (``127.0.1.1 host`` in ``/etc/hosts``), which another node cannot reach. On one node the jobs pass
-``GLOO_SOCKET_IFNAME=lo``. Across nodes they pass ``VERL_CPPACK_GLOO_INTERFACE=ray-node`` instead, and each worker
-binds to the interface holding its node's Ray address (``ray.util.get_node_ip_address()``, the address verl
-gives its peers as ``MASTER_ADDR``), whatever that interface is called on that host. A ``GLOO_SOCKET_IFNAME``
-already set is the user's choice and is kept.
+Unset, gloo binds to the address the host name resolves to, often loopback. On one node the jobs pass
+``GLOO_SOCKET_IFNAME=lo``; across nodes ``VERL_CPPACK_GLOO_INTERFACE=ray-node``, and each worker binds to the
+interface holding its node's Ray address. A ``GLOO_SOCKET_IFNAME`` already set is kept.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Run a function in N processes of one ``torch.distributed`` group on this host: the project's one harness.
 
-``run_world(fn, world_size, *args)`` spawns ``world_size`` processes; each joins a process group through a file
-rendezvous (no port to race for), runs ``fn(rank, world_size, *args)``, reports its return value (or its
-traceback) to the parent, then ends with ``barrier`` and ``destroy_process_group``. The parent returns the values
-in rank order, or, when a rank fails or exits without reporting, stops every rank (SIGTERM, then SIGKILL) and
-raises ``RankFailed`` naming the rank and its exception's line. Ctrl-C in the parent stops every rank too; the
-ranks ignore SIGINT themselves (the parent decides). ``verify-cp``, ``ref-logprobs``, the benchmarks and the tests
-all run through it.
-
-Values cross the process boundary serialized with ``torch.save`` (tensors as plain copies, never shared memory a
-finished rank would take with it), so ``fn`` must return something ``torch.save`` can write.
+``run_world(fn, world_size, *args)`` spawns the ranks (file rendezvous: no port to race for), runs
+``fn(rank, world_size, *args)`` in each and returns their values in rank order (serialized with ``torch.save``). A
+rank that fails or exits without reporting stops every rank (SIGTERM, then SIGKILL) and raises ``RankFailed``
+naming it; so does Ctrl-C in the parent (the ranks ignore SIGINT).
 """
 
 from __future__ import annotations
@@ -98,10 +92,8 @@ def run_world(
 ) -> list[Any]:
     """``fn(rank, world_size, *args)`` in ``world_size`` spawned processes; their return values in rank order.
 
-    ``fn`` must be a module-level function (it is pickled by reference). ``environment`` is set in every rank
-    before ``fn`` runs; ``log_dir`` takes each rank's stdout and stderr (``worker-<rank>.log``); ``torch_threads``
-    fixes each rank's intra-op threads. ``RankFailed`` when a rank fails; every rank is stopped first.
-    """
+    ``fn``: a module-level function. ``environment`` is set in every rank before ``fn`` runs; ``log_dir`` takes each
+    rank's output (``worker-<rank>.log``); ``torch_threads`` fixes each rank's intra-op threads."""
     import torch.multiprocessing as mp
 
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:

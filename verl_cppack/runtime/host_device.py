@@ -1,19 +1,10 @@
 """``host_device_scope()``: inside it, tensors that Megatron code asks to create on 'cuda' are created on the host.
 
-Megatron-core 0.16 writes ``device='cuda'`` and ``torch.cuda.current_device()`` as literals in its optimizer
-(found_inf, scale, grad-norm buffers), its pipeline schedules (token counters) and its DDP buffers. There is no
-per-call argument to change them, and replacing each of those functions would copy Megatron code. So the fixes
-that need it wrap exactly the Megatron / verl entry points that reach such literals (listed in ``cpu_fixes.py``) in
-this scope, and nothing else runs under it. Inside the scope:
-
-- a ``TorchFunctionMode`` rewrites a CUDA ``device`` argument (``'cuda'``, ``'cuda:N'``, ``torch.device('cuda')``)
-  of any torch function to ``'cpu'``, and turns ``Tensor.cuda()`` into a no-op;
-- ``torch.cuda.current_device()`` returns ``'cpu'``; ``torch.cuda.current_stream()``, ``torch.cuda.Stream()`` and
-  ``torch.cuda.stream(...)`` are the host's (each would raise without a CUDA device: on a CPU build of torch, and on
-  a CUDA build on a machine without one).
-
-Rows 4 (RoPE's ``inv_freq`` moved to ``torch.cuda.current_device()``) and 7 (mbridge ``get_model``'s ``.cuda()``)
-of docs/design.md's table of CPU fixes need no fix of their own: model building and forward/backward run in this scope.
+Megatron-core writes ``device='cuda'`` and ``torch.cuda.current_device()`` as literals (optimizer, pipeline
+schedules, DDP buffers), with no argument to change them; the fixes wrap exactly the entry points that reach them
+(``cpu_fixes.py``) in this scope. Inside it a ``TorchFunctionMode`` turns a CUDA ``device`` argument into ``'cpu'``
+and ``Tensor.cuda()`` into a no-op, and ``torch.cuda``'s current device and streams are the host's (rows 4, 7 and 12
+of docs/design.md's table of CPU fixes).
 """
 
 from __future__ import annotations

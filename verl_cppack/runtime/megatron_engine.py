@@ -1,20 +1,12 @@
 """verl's Megatron engine on the host, without Ray, and the batches verl's trainer sends it.
 
-The engine is built exactly as verl's ``TrainingWorker.__init__`` builds it (``EngineRegistry.new`` with
-``HFModelConfig`` / ``McoreEngineConfig`` / ``McoreOptimizerConfig`` / ``CheckpointConfig``) with the CPU
-settings of docs/design.md ("verl's own trainer on CPU": the config knobs, ``HOST_TRANSFORMER_CONFIG``). Call these functions in a
-process that has set ``VERL_PLATFORM=cpu`` before importing verl, imported ``verl_cppack.verl_plugin`` and
-initialised a ``torch.distributed`` process group; the engine initialises Megatron's parallel state itself
-(``MegatronEngine._init_device_mesh``). verl is imported inside the functions, so importing this module
-imports nothing of verl or Megatron.
-
-Batches are what verl's trainer holds after rollout (``DataProto.batch``): prompts left-padded, responses
-right-padded (:func:`rollout_tensors`), converted by verl's ``left_right_2_no_padding``
-(:func:`engine_batch`); log-probs come back through verl's ``no_padding_2_padding``
-(:func:`response_log_probs`), the path of verl's reference worker
-(``compute_ref_log_prob`` -> ``TrainingWorker.infer_batch``). With ``EngineSettings(model_type="value_model")``
-the engine is verl's critic (``MegatronEngineWithValueHead``, as the trainer's critic ``TrainingWorkerConfig``
-asks) and :func:`response_values` is the trainer's ``_compute_values`` path.
+The engine is built as verl's ``TrainingWorker.__init__`` builds it, with the CPU settings of docs/design.md
+(``HOST_TRANSFORMER_CONFIG``). Call these functions in a process that has set ``VERL_PLATFORM=cpu`` before importing
+verl, imported ``verl_cppack.verl_plugin`` and initialised a ``torch.distributed`` process group; importing this
+module imports nothing of verl or Megatron. Batches are what verl's trainer holds after rollout
+(:func:`rollout_tensors`), through verl's ``left_right_2_no_padding`` -> ``infer_batch`` -> ``no_padding_2_padding``:
+the reference worker's path (:func:`response_log_probs`) and, with ``model_type="value_model"``, the critic's
+``_compute_values`` (:func:`response_values`).
 """
 
 from __future__ import annotations
@@ -29,14 +21,14 @@ if TYPE_CHECKING:  # verl is imported only where it runs
     from tensordict import TensorDict
 
 # The fusions and kernels Megatron would take from Transformer Engine / apex / CUDA are off on the host.
+FUSIONS_OFF = dict.fromkeys(
+    ("masked_softmax_fusion", "bias_activation_fusion", "bias_dropout_fusion", "apply_rope_fusion")
+    + ("gradient_accumulation_fusion", "persist_layer_norm"),
+    False,
+)
 HOST_TRANSFORMER_CONFIG = {
     "use_cpu_initialization": True,
-    "masked_softmax_fusion": False,
-    "bias_activation_fusion": False,
-    "bias_dropout_fusion": False,
-    "apply_rope_fusion": False,
-    "gradient_accumulation_fusion": False,
-    "persist_layer_norm": False,
+    **FUSIONS_OFF,
     "attention_backend": "auto",
     "sequence_parallel": False,  # Megatron's local (torch) norms refuse it; TP still splits every layer
 }
@@ -154,7 +146,9 @@ def check_pairs(pairs: Sequence[Pair], vocab_size: int | None = None) -> None:
                 raise ValueError(f"row {index} has an empty {name}; prompts and responses need at least one token")
             wrong = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int)), None)
             if wrong is not None:
-                raise TypeError(f"row {index} {name} holds {wrong!r} ({type(wrong).__name__}), not an int token id")
+                raise TypeError(
+                    f"row {index} {name} holds {wrong!r} ({type(wrong).__name__}); token ids must be integers"
+                )
             outside = next((t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)), None)
             if outside is not None:
                 bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
@@ -218,9 +212,8 @@ def _infer_response_output(
 ) -> torch.Tensor | None:
     """The engine's per-token output ``name`` at the response tokens, ``[B, R]`` float32, zero at response
     padding, on the rank with outputs (``None`` on the others): one ``infer_batch`` per micro-batch of
-    ``micro_batch_size`` rows (``left_right_2_no_padding`` -> ``infer_batch`` -> ``no_padding_2_padding``).
-    ``meta`` is what the trainer attaches besides ``compute_loss=False``. Every rank must call it with the same
-    ``tensors``."""
+    ``micro_batch_size`` rows. ``meta`` is what the trainer attaches besides ``compute_loss=False``. Every rank
+    must call it with the same ``tensors``."""
     from verl.workers.utils.padding import no_padding_2_padding
 
     if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
@@ -241,26 +234,14 @@ def _infer_response_output(
 def response_log_probs(
     built: BuiltEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int
 ) -> torch.Tensor | None:
-    """Log-probs of the response tokens, ``[B, R]`` float32, zero at response padding, on the rank with outputs
-    (``None`` on the others).
-
-    One ``infer_batch`` per micro-batch of ``micro_batch_size`` rows, as ``compute_ref_log_prob`` ->
-    ``TrainingWorker.infer_batch`` does: ``left_right_2_no_padding`` -> ``infer_batch`` -> ``no_padding_2_padding``.
-    Every rank must call it with the same ``tensors``.
-    """
+    """Log-probs of the response tokens (``_infer_response_output``), as ``compute_ref_log_prob`` computes them."""
     return _infer_response_output(built, tensors, micro_batch_size, "log_probs", calculate_entropy=False)
 
 
 def response_values(built: BuiltEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int) -> torch.Tensor | None:
-    """The critic's values at the response tokens, ``[B, R]`` float32, zero at response padding, on the rank with
-    outputs (``None`` on the others); ``built`` must be a ``model_type="value_model"`` engine.
-
-    The trainer's ``_compute_values``: ``left_right_2_no_padding``, ``compute_loss=False``,
-    ``TrainingWorker.infer_batch`` -> ``values``, ``no_padding_2_padding``, ``.float()``; one pass per micro-batch.
-    The value at response token t is the head's output at that token's position (verl's
-    ``no_padding_2_padding`` takes positions prompt_len-1 .. -2 of each sequence, shifted like log-probs).
-    Every rank must call it with the same ``tensors``.
-    """
+    """The critic's values at the response tokens (``_infer_response_output``), as the trainer's ``_compute_values``;
+    ``built`` must be a ``model_type="value_model"`` engine. verl's ``no_padding_2_padding`` shifts them like
+    log-probs (positions prompt_len-1 .. -2 of each sequence)."""
     if built.model_config.model_type != "value_model":
         raise ValueError(f"response_values needs a value_model engine, got {built.model_config.model_type!r}")
     return _infer_response_output(built, tensors, micro_batch_size, "values")

@@ -1,20 +1,14 @@
 """A ``cpu`` platform for verl's ``PlatformRegistry`` (verl >= 0.9): the host is the device.
 
-verl reaches the accelerator through ``get_platform()``: the device name ('cpu'), a ``torch.<device>``-like
-module, the collective backend ('gloo') and the Ray resource. ``torch.cpu`` lacks what verl calls on it
-(memory statistics, ``empty_cache``, RNG state, ``mem_get_info``...), so the device module is ``torch.cpu``
-plus stand-ins that do what those calls mean on the host: nothing to free, no device memory, the CPU
-generator's state.
-
-The Ray resource stays ``"GPU"``: verl's resource pools count GPUs (or NPUs) only, so a CPU run starts Ray with
-``num_gpus=<world size>`` logical GPUs, one per training worker, which the workers claim as usual.
+The device module is ``torch.cpu`` plus stand-ins for what verl calls on it (memory statistics, ``empty_cache``, RNG
+state...) as the host understands them. The Ray resource stays ``"GPU"``: verl's pools count GPUs, so a CPU run
+starts Ray with one logical GPU per training worker.
 """
 
 from __future__ import annotations
 
 import contextlib
 import types
-from typing import Any
 
 import torch
 
@@ -61,69 +55,26 @@ def cpu_platform_class() -> type:
     class PlatformCPU(PlatformBase):
         """The host as verl's device: gloo collectives, no IPC, profiling and allocator settings are no-ops."""
 
-        device_name = property(lambda self: "cpu")
-        vendor_name = property(lambda self: "cpu")
+        device_name = vendor_name = property(lambda self: "cpu")
         device_module = property(lambda self: HOST_DEVICE_MODULE)
-
-        def is_available(self) -> bool:
-            return True
-
-        def is_platform_available(self, use_smi_check: bool = False) -> bool:
-            return False  # never auto-detected: a CPU run is asked for with VERL_PLATFORM=cpu
-
-        def current_device(self) -> str:
-            return "cpu"
-
-        def device_count(self) -> int:
-            return 1
-
-        def set_device(self, device_index: int) -> None:
-            return None
-
-        def synchronize(self, device_index: int | None = None) -> None:
-            return None
+        is_available = lambda self: True
+        is_platform_available = lambda self, use_smi_check=False: False  # never auto-detected: VERL_PLATFORM=cpu
+        current_device = lambda self: "cpu"
+        device_count = lambda self: 1
+        set_device = synchronize = set_allocator_settings = empty_cache = lambda self, *args: None
+        profiler_start = profiler_stop = lambda self: None
+        get_device_capability = lambda self, device_index=0: (None, None)
+        communication_backend_name = lambda self: "gloo"
+        visible_devices_envvar = lambda self: "CUDA_VISIBLE_DEVICES"  # Ray sets it for its logical GPUs; unread here
+        ray_resource_name = lambda self: "GPU"
+        ray_noset_envvars = lambda self: []
+        is_ipc_supported = lambda self: False
+        cudart = lambda self: None
+        nvtx_range = contextlib.contextmanager(lambda self, msg: iter([None]))
 
         def manual_seed(self, seed: int) -> None:
             torch.manual_seed(seed)
 
-        def manual_seed_all(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        def set_allocator_settings(self, settings: str) -> None:
-            return None
-
-        def empty_cache(self) -> None:
-            return None
-
-        def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
-            return None, None
-
-        def communication_backend_name(self) -> str:
-            return "gloo"
-
-        def visible_devices_envvar(self) -> str:
-            return "CUDA_VISIBLE_DEVICES"  # Ray sets it for its logical GPUs; nothing reads it on the host
-
-        @contextlib.contextmanager
-        def nvtx_range(self, msg: str):
-            yield
-
-        def profiler_start(self) -> None:
-            return None
-
-        def profiler_stop(self) -> None:
-            return None
-
-        def ray_resource_name(self) -> str:
-            return "GPU"
-
-        def ray_noset_envvars(self) -> list[str]:
-            return []
-
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def cudart(self) -> Any:
-            return None
+        manual_seed_all = manual_seed
 
     return PlatformCPU

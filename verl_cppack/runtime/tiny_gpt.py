@@ -1,15 +1,9 @@
 """A tiny Megatron-core ``GPTModel`` that runs forward and backward on CPU (gloo), with CP attention.
 
-Workarounds for CPU, each minimal and needed only without CUDA (docs/design.md, megatron-core 0.16.1):
-
-1. ``use_cpu_initialization=True``: weights are built on CPU from the default torch generator, so the
-   same ``seed`` gives identical weights on every rank whatever the CP size.
-2. A CPU RNG tracker replaces ``model_parallel_cuda_manual_seed`` (the stock tracker reads CUDA RNG
-   state); it forks the CPU generator under the same names.
-3. RoPE's ``get_emb`` moves ``inv_freq`` to ``torch.cuda.current_device()`` on first use; for a CPU
-   model the rotary embedding runs in ``host_device_scope``, where that device is the host.
-4. ``core_attention`` in the layer spec is ``verl_cppack.attention.core_attention`` (the stock local
-   ``DotProductAttention`` rejects THD and CP). RoPE for THD+CP runs on CPU with ``apply_rope_fusion=False``.
+On CPU (docs/design.md): weights built on the CPU from the default generator (the same ``seed`` gives the same
+weights at every CP size); a CPU RNG tracker instead of Megatron's CUDA one; the rotary embedding run in
+``host_device_scope``; and ``verl_cppack.attention.core_attention`` as the layer spec's core attention (the stock
+local one rejects THD and CP).
 """
 
 from __future__ import annotations
@@ -23,6 +17,7 @@ import torch.distributed as dist
 from verl_cppack import ParallelContext
 from verl_cppack.integrations.megatron import parallel_context_from_megatron
 from verl_cppack.runtime.host_device import in_host_device_scope
+from verl_cppack.runtime.megatron_engine import FUSIONS_OFF
 
 Backend = Literal["gloo", "nccl"]
 _TRACKER_NAME = "model-parallel-rng"
@@ -161,13 +156,8 @@ def build_tiny_gpt(
         use_cpu_initialization=on_cpu,
         attention_dropout=0.0,
         hidden_dropout=0.0,
-        apply_rope_fusion=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        gradient_accumulation_fusion=False,
-        persist_layer_norm=False,
         params_dtype=torch.float32,
+        **FUSIONS_OFF,
     )
     spec = get_gpt_layer_local_spec()
     core_attention = core_attention_class(attention, use_te=use_te and not on_cpu)

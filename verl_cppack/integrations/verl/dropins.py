@@ -1,21 +1,10 @@
-"""Drop-in replacements for ``verl.models.mcore.util``'s packing functions: verl's signatures and return
-conventions, the core plan inside (the VLM mask builders: ``vlm_masks``; the names of older releases:
-``release_names``).
+"""Drop-ins for ``verl.models.mcore.util``'s packing functions: verl's signatures and return conventions, one
+``PackPlan`` inside (TP/CP read from ``megatron.core.parallel_state`` as verl does): ``pack`` on the preprocess side,
+``unpack`` / ``unpack_nested`` on the postprocess side (one all-gather, gradient only into this rank's chunk).
 
-Every function reads TP/CP from ``megatron.core.parallel_state`` as verl does, builds (or reuses) one
-``PackPlan`` and applies it: ``pack`` for the preprocess side, ``unpack`` / ``unpack_nested`` (one
-all-gather, gradient only into this rank's chunk — verl's contract) for the postprocess side.
-
-Equal to verl's own functions (values, dtypes, ``PackedSeqParams`` fields, gradients) except where listed in
-docs/design.md, "Intended differences" — the one list of them, per verl release. Keywords verl is adding:
-``fp8_recipe`` (MXFP8 pads slots to ``lcm(32, base)``) and ``include_total_tokens`` (``PackedSeqParams.total_tokens``
-and ``seq_idx``); the ``PackedSeqParams`` fields newer megatron-core names are set when the class has them
-(``integrations.megatron.packed_seq_params_later_fields``).
-
-Cost: one device->host sync the first time a mask (or a nested batch's offsets) is seen — the plan is then
-reused by every call of the micro-batch (inputs, labels, masks, the gather-backs); no Python loop over
-sequences. ``preprocess_bshd_engine`` needs one more sync (the longest sequence) unless
-``forced_max_seqlen`` is given.
+Equal to verl's own functions (values, dtypes, ``PackedSeqParams`` fields, gradients) except for the intended
+differences (``comparison.INTENDED_DIFFERENCES``). Cost: one device->host sync the first time a mask (or a nested
+batch's offsets) is seen, the plan then reused by every call of the micro-batch; no Python loop over sequences.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
-"""``install()`` / ``uninstall()``: swap verl's util functions for the drop-ins in every module that bound them.
+"""``install()`` / ``uninstall()``: bind the drop-ins into verl, in every module that bound verl's util functions.
 
-verl's callers bind the functions at import time (``from .util import preprocess_packed_seqs`` in
-``model_forward``, ``model_forward_fused``, ``model_forward_1f1b_overlap``, ``router_replay_utils``, the
-distillation losses, VLM model files, recipes...). Replacing the attribute on ``util`` alone changes nothing
-for a module that already imported it, so ``install``:
+verl's callers bind util's functions at import time (``from .util import preprocess_packed_seqs``), so ``install``
+patches util and every loaded module holding one of the original function objects (found by identity in
+``vars(module)``), and asks ``import_hooks.after_import`` to do so the moment util finishes executing: nothing of
+verl is imported here, so it is safe while ``verl/__init__`` runs (``VERL_USE_EXTERNAL_MODULES``).
 
-1. patches ``verl.models.mcore.util`` if it is imported, and every loaded module whose namespace holds one
-   of the original function objects (found by identity, through ``vars(module)`` — no lazy ``__getattr__``
-   is triggered);
-2. asks ``integrations.import_hooks.after_import`` to patch ``verl.models.mcore.util`` the moment it finishes
-   executing — so modules imported later bind the drop-ins directly. Nothing of verl is
-   imported by ``install`` itself: it is safe while ``verl/__init__`` is still running
-   (``VERL_USE_EXTERNAL_MODULES``).
-
-Before a function is replaced, its signature is compared with the drop-in's (``signatures.incompatibility``): a
-function with parameters the drop-in does not know stays verl's, and ``status()["left_to_verl"]`` (and
-``verl-cppack doctor``) says why. Where releases kept a name but changed what it returns or pads, ``DROPINS``
-holds one variant per behaviour and the first that fits verl's function is taken.
-
-On a verl release the release matrix does not test, and with ``VERL_CPPACK_VERIFY=1``, each drop-in is installed
-inside a ``verification.VerifiedDropIn``: it checks its first calls against verl's function and, on a difference,
-verl's function is put back in every module that bound it (``status()["put_back"]``); once verified, the plain
-drop-in replaces the wrapper. On the tested releases (the default) the drop-ins are bound unwrapped.
-
-The originals are kept (``originals()``) for fallback and A/B runs; ``uninstall`` puts them back everywhere.
-``VERL_CPPACK_DISABLE=1`` makes ``install`` a no-op.
+A function is replaced only if its drop-in takes every call it takes (``signatures.incompatibility``); otherwise it
+stays verl's and ``status()["left_to_verl"]`` says why. Where releases kept a name but changed what it returns,
+``DROPINS`` holds one variant per behaviour, the first that fits is taken. On an untested release (or with
+``VERL_CPPACK_VERIFY=1``) each drop-in is bound inside a ``runtime_check.VerifiedDropIn``. ``wrap_dropins`` lets a
+job wrap every drop-in (``jobs.call_counts``). ``VERL_CPPACK_DISABLE=1`` makes ``install`` a no-op.
 """
 
 from __future__ import annotations
@@ -42,8 +27,7 @@ from typing import Any
 
 from verl_cppack.integrations import megatron_bridge
 from verl_cppack.integrations.import_hooks import after_import, cancel
-from verl_cppack.integrations.verl import dropins, release_names, verification, vlm_masks
-from verl_cppack.integrations.verl.call_counts import counted
+from verl_cppack.integrations.verl import dropins, release_names, runtime_check, vlm_masks
 from verl_cppack.integrations.verl.signatures import VerlFunction, incompatibility
 
 UTIL_MODULE = "verl.models.mcore.util"
@@ -52,8 +36,7 @@ DISABLE_ENV = "VERL_CPPACK_DISABLE"
 
 @dataclass(frozen=True)
 class DropIn:
-    """One drop-in for a verl name. ``fits``: for variants whose signature is the same as another's, what tells
-    verl's function apart (``misfit`` says it when it does not hold)."""
+    """One drop-in for a verl name; ``fits`` tells verl's function apart where variants share a signature."""
 
     function: Callable[..., Any]
     fits: Callable[[VerlFunction], bool] | None = None
@@ -67,43 +50,35 @@ def _reads_parallel_sizes(verl: VerlFunction) -> bool:
 
 # verl name -> its drop-ins, preferred first; every name a verl release from 0.6.1 to 0.9.1 defines for packing.
 DROPINS: dict[str, tuple[DropIn, ...]] = {
-    "preprocess_packed_seqs": (DropIn(dropins.preprocess_packed_seqs),),
-    "postprocess_packed_seqs": (DropIn(dropins.postprocess_packed_seqs),),
-    "postprocess_packed_seqs_for_dict_output": (DropIn(dropins.postprocess_packed_seqs_for_dict_output),),
-    "preprocess_bshd": (DropIn(dropins.preprocess_bshd),),
-    "postprocess_bshd": (DropIn(dropins.postprocess_bshd),),
-    "preprocess_thd_engine": (DropIn(dropins.preprocess_thd_engine),),
-    "postprocess_thd_engine": (DropIn(dropins.postprocess_thd_engine),),
-    "preprocess_bshd_engine": (DropIn(dropins.preprocess_bshd_engine),),
-    "postprocess_bshd_engine": (DropIn(dropins.postprocess_bshd_engine),),
-    "build_vlm_attn_mask_thd": (
-        DropIn(vlm_masks.build_vlm_attn_mask_thd, _reads_parallel_sizes, "verl's does not round rows to TP/CP"),
-        DropIn(
-            vlm_masks.build_vlm_attn_mask_thd_unaligned,
-            lambda verl: not _reads_parallel_sizes(verl),
-            "verl's rounds rows to TP/CP",
-        ),
-    ),
-    "build_vlm_attn_mask_bshd": (DropIn(vlm_masks.build_vlm_attn_mask_bshd),),
-    # verl 0.7
-    "preprocess_thd_no_padding": (
-        DropIn(release_names.preprocess_thd_no_padding_pair),  # 0.7.0: the pair
-        DropIn(release_names.preprocess_thd_no_padding),  # 0.7.1: the triple
-    ),
-    "postprocess_thd_no_padding": (DropIn(release_names.postprocess_thd_no_padding),),
-    "preprocess_bshd_no_padding": (DropIn(release_names.preprocess_bshd_no_padding),),
-    "postprocess_bshd_no_padding": (DropIn(release_names.postprocess_bshd_no_padding),),
-    # verl 0.6
-    "preprocess_packed_seqs_no_padding": (DropIn(release_names.preprocess_packed_seqs_no_padding),),
-    "postprocess_packed_seqs_no_padding": (DropIn(release_names.postprocess_packed_seqs_no_padding),),
-    "remove_left_padding": (DropIn(release_names.remove_left_padding),),
-    "recover_left_padding": (DropIn(release_names.recover_left_padding),),
+    name: (DropIn(getattr(dropins if hasattr(dropins, name) else release_names, name)),)
+    for name in [
+        "preprocess_packed_seqs",
+        "postprocess_packed_seqs",
+        "postprocess_packed_seqs_for_dict_output",
+        "preprocess_bshd",
+        "postprocess_bshd",
+        "preprocess_thd_engine",
+        "postprocess_thd_engine",
+        "preprocess_bshd_engine",
+        "postprocess_bshd_engine",
+        "postprocess_thd_no_padding",
+        "preprocess_bshd_no_padding",
+        "postprocess_bshd_no_padding",
+        "preprocess_packed_seqs_no_padding",
+        "postprocess_packed_seqs_no_padding",
+        "remove_left_padding",
+        "recover_left_padding",
+    ]
 }
-
-
-# util's public functions that pack nothing (an Ascend hook that returns None); any other public util function
-# without a drop-in is reported by ``verl-cppack doctor`` as unknown (and stays verl's)
-NOT_PACKING = frozenset({"preprocess_for_mindspeed"})
+DROPINS["preprocess_thd_no_padding"] = (  # verl 0.7.0: the pair; 0.7.1: the triple
+    DropIn(release_names.preprocess_thd_no_padding_pair),
+    DropIn(release_names.preprocess_thd_no_padding),
+)
+DROPINS["build_vlm_attn_mask_thd"] = (
+    DropIn(vlm_masks.build_vlm_attn_mask_thd, _reads_parallel_sizes, "verl's does not round rows to TP/CP"),
+    DropIn(vlm_masks.build_vlm_attn_mask_thd_unaligned, lambda v: not _reads_parallel_sizes(v), "verl's rounds rows"),
+)
+DROPINS["build_vlm_attn_mask_bshd"] = (DropIn(vlm_masks.build_vlm_attn_mask_bshd),)
 
 
 @dataclass
@@ -117,29 +92,25 @@ class PatchState:
     patched: set[str] = field(default_factory=set)  # modules where install replaced an original
     release: str | None = None  # verl's version, read beside util once util is loaded
     verifying: bool = False  # the drop-ins were installed inside a VerifiedDropIn
-    checks: dict[str, verification.VerifiedDropIn] = field(default_factory=dict)  # verl name -> its check
+    checks: dict[str, runtime_check.VerifiedDropIn] = field(default_factory=dict)  # verl name -> its check
     put_back: dict[str, str] = field(default_factory=dict)  # verl name -> the difference that put verl's back
     plain: dict[str, Callable[..., Any]] = field(default_factory=dict)  # verl name -> the drop-in, unwrapped
 
 
 _STATE = PatchState()
 _LOCK = threading.RLock()
+_WRAPPERS: list[Callable[[str, Callable[..., Any]], Callable[..., Any]]] = []
 
 
-# ================================================================ generations
 def detect_generation(functions: Mapping[str, VerlFunction]) -> str:
-    """verl util API generation from the packing functions it defines: 'engine' (>=0.8), 'no_padding' (0.7.1,
-    3-tuple), 'no_padding_pair' (0.7.0, 2-tuple), 'packed_no_padding' (0.6) or 'legacy' (padded names only)."""
+    """verl util's API generation: 'engine' (>=0.8), 'no_padding' (0.7.1), 'no_padding_pair' (0.7.0),
+    'packed_no_padding' (0.6) or 'legacy' (padded names only)."""
     if "preprocess_thd_engine" in functions:
         return "engine"
     if "preprocess_thd_no_padding" in functions:
         signature = functions["preprocess_thd_no_padding"].signature
-        return (
-            "no_padding" if signature is not None and "use_fp8_padding" in signature.parameters else "no_padding_pair"
-        )
-    if "preprocess_packed_seqs_no_padding" in functions:
-        return "packed_no_padding"
-    return "legacy"
+        return "no_padding" if signature and "use_fp8_padding" in signature.parameters else "no_padding_pair"
+    return "packed_no_padding" if "preprocess_packed_seqs_no_padding" in functions else "legacy"
 
 
 def choose(name: str, verl: VerlFunction) -> tuple[DropIn | None, str | None]:
@@ -160,22 +131,14 @@ def choose(name: str, verl: VerlFunction) -> tuple[DropIn | None, str | None]:
 
 def plan_replacements(functions: Mapping[str, VerlFunction]) -> tuple[dict[str, DropIn], dict[str, str]]:
     """For verl's packing functions (by name): the drop-in each gets, and why the others stay verl's."""
-    chosen, left = {}, {}
-    for name, verl in functions.items():
-        if name not in DROPINS:
-            continue
-        dropin, reason = choose(name, verl)
-        if dropin is None:
-            left[name] = reason
-        else:
-            chosen[name] = dropin
-    return chosen, left
+    choices = {name: choose(name, verl) for name, verl in functions.items() if name in DROPINS}
+    chosen = {name: dropin for name, (dropin, _) in choices.items() if dropin is not None}
+    return chosen, {name: reason for name, (dropin, reason) in choices.items() if dropin is None}
 
 
 def release_of(util: ModuleType) -> str | None:
-    """verl's version as its package states it (``verl/version/version``, what ``verl.__version__`` reads), read
-    beside util's file without importing ``verl`` (its ``__init__`` may still be running); else the installed
-    distribution's version; None when neither is there."""
+    """verl's ``verl/version/version`` read beside util's file (``verl`` is not imported: its ``__init__`` may be
+    running), else the installed distribution's version, else None."""
     util_file = getattr(util, "__file__", None)
     if util_file:
         try:
@@ -195,7 +158,6 @@ def util_functions(util: ModuleType) -> dict[str, VerlFunction]:
     return {name: VerlFunction.of(value) for name, value in vars(util).items() if name in DROPINS and callable(value)}
 
 
-# =================================================================== patching
 def _patch_util(util: ModuleType) -> None:
     with _LOCK:
         if not _STATE.installed:
@@ -205,21 +167,26 @@ def _patch_util(util: ModuleType) -> None:
             _STATE.generation = detect_generation(functions)
             chosen, _STATE.left_to_verl = plan_replacements(functions)
             _STATE.release = release_of(util)
-            _STATE.verifying = verification.wanted(_STATE.release)
+            _STATE.verifying = runtime_check.wanted(_STATE.release)
             _STATE.originals = {name: namespace[name] for name in chosen}
             for name, dropin in chosen.items():
-                # counted only when asked (call_counts); the signature was checked on the drop-in itself
-                plain = counted(name, dropin.function)
-                _STATE.plain[name] = plain
-                if _STATE.verifying:
-                    check = verification.VerifiedDropIn(
-                        name, namespace[name], plain, _STATE.release, on_put_back=_put_back, on_step_aside=_rebind
-                    )
-                    _STATE.checks[name] = check
-                    _STATE.replacements[name] = check.function
-                else:
-                    _STATE.replacements[name] = plain
+                _bind(name, dropin.function)
         _patch_loaded_modules()
+
+
+def _bind(name: str, plain: Callable[..., Any]) -> None:
+    """Plan ``plain`` (the drop-in, wrapped by each of ``_WRAPPERS``) as the replacement of verl's ``name``."""
+    for wrapper in _WRAPPERS:
+        plain = wrapper(name, plain)
+    _STATE.plain[name] = plain
+    if _STATE.verifying:
+        check = runtime_check.VerifiedDropIn(
+            name, _STATE.originals[name], plain, _STATE.release, on_put_back=put_back, on_step_aside=_rebind
+        )
+        _STATE.checks[name] = check
+        _STATE.replacements[name] = check.function
+    else:
+        _STATE.replacements[name] = plain
 
 
 def _swap(name: str, old: Callable[..., Any], new: Callable[..., Any]) -> None:
@@ -230,9 +197,9 @@ def _swap(name: str, old: Callable[..., Any], new: Callable[..., Any]) -> None:
             namespace[name] = new
 
 
-def _put_back(name: str, reason: str) -> None:
-    """verl's own function under ``name`` again, everywhere and for every later import (a verification found a
-    difference)."""
+def put_back(name: str, reason: str) -> None:
+    """verl's own ``name`` again for the rest of this process (everywhere, later imports too), ``reason`` recorded
+    in ``status()["put_back"]``; nothing for a name that is not replaced."""
     with _LOCK:
         replacement, original = _STATE.replacements.pop(name, None), _STATE.originals.pop(name, None)
         if replacement is None or original is None:
@@ -240,7 +207,7 @@ def _put_back(name: str, reason: str) -> None:
         _swap(name, replacement, original)
         _STATE.put_back[name] = reason
         check = _STATE.checks.get(name)
-        if check is not None and check.put_back_reason is None:  # put back from outside the check (self_check)
+        if check is not None and check.put_back_reason is None:  # put back from outside the check
             check.put_back_reason = reason
         for module_name, names in list(_STATE.covered.items()):
             if name in names:
@@ -250,13 +217,11 @@ def _put_back(name: str, reason: str) -> None:
 
 
 def _rebind(name: str, function: Callable[..., Any]) -> None:
-    """``function`` (the plain drop-in) instead of the verifying wrapper, everywhere (the drop-in was verified)."""
+    """``function`` (the plain drop-in) instead of the checking wrapper, everywhere (the drop-in was verified)."""
     with _LOCK:
-        replacement = _STATE.replacements.get(name)
-        if replacement is None:
-            return
-        _swap(name, replacement, function)
-        _STATE.replacements[name] = function
+        if name in _STATE.replacements:
+            _swap(name, _STATE.replacements[name], function)
+            _STATE.replacements[name] = function
 
 
 def _own(module_name: str) -> bool:
@@ -281,12 +246,10 @@ def _patch_module(module: ModuleType) -> None:
 
 
 def _patch_loaded_modules() -> None:
-    for module in list(sys.modules.values()):
-        if module is not None:
-            _patch_module(module)
+    for module in [module for module in sys.modules.values() if module is not None]:
+        _patch_module(module)
 
 
-# ================================================================= public API
 def disabled_by_env() -> bool:
     """``VERL_CPPACK_DISABLE`` set to 1/true/yes/on: ``install`` does nothing."""
     return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
@@ -304,12 +267,8 @@ def install() -> bool:
 
 
 def uninstall() -> None:
-    """Put verl's original functions back and cancel the pending patch of util. Idempotent.
-
-    Restored: every module where ``install`` replaced an original, and every ``verl.*`` / ``recipe.*``
-    module that bound a drop-in from util after the install. Other modules that imported the drop-ins by
-    their ``verl_cppack`` names keep them (that is what they asked for).
-    """
+    """verl's functions back in every module ``install`` patched and every ``verl.*`` / ``recipe.*`` module that
+    bound a drop-in from util since (not where the drop-ins were imported by their own names). Idempotent."""
     megatron_bridge.uninstall()
     with _LOCK:
         cancel(UTIL_MODULE, _patch_util)
@@ -322,11 +281,7 @@ def uninstall() -> None:
             for name, replacement in _STATE.replacements.items():
                 if namespace.get(name) is replacement and name in _STATE.originals:
                     namespace[name] = _STATE.originals[name]
-        _STATE.installed = False
-        _STATE.originals, _STATE.replacements, _STATE.covered, _STATE.patched = {}, {}, {}, set()
-        _STATE.left_to_verl = {}
-        _STATE.generation = None
-        _STATE.release, _STATE.verifying, _STATE.checks, _STATE.put_back, _STATE.plain = None, False, {}, {}, {}
+        vars(_STATE).update(vars(PatchState()))
         dropins.clear_plan_caches()
 
 
@@ -340,21 +295,30 @@ def originals() -> dict[str, Callable[..., Any]]:
 
 
 def dropin_functions() -> dict[str, Callable[..., Any]]:
-    """The drop-ins (by verl name, unwrapped) standing in for ``originals()``; empty until util is loaded."""
+    """The drop-ins (by verl name, without the runtime check) standing in for ``originals()``."""
     with _LOCK:
         return {name: _STATE.plain[name] for name in _STATE.originals}
 
 
-def put_back(name: str, reason: str) -> None:
-    """Put verl's own ``name`` back for the rest of this process (everywhere, later imports too), recording
-    ``reason`` in ``status()["put_back"]``. Nothing happens for a name that is not replaced."""
-    _put_back(name, reason)
+def wrap_dropins(wrapper: Callable[[str, Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Have ``wrapper(name, dropin)`` stand for every drop-in, bound now or later (a job's telemetry). Idempotent."""
+    with _LOCK:
+        if wrapper in _WRAPPERS:
+            return
+        _WRAPPERS.append(wrapper)
+        for name, bound in list(_STATE.replacements.items()):
+            plain = _STATE.plain[name] = wrapper(name, _STATE.plain[name])
+            check = _STATE.checks.get(name)
+            if check is not None:
+                check.dropin = plain
+            if check is None or bound is not check.function:
+                _swap(name, bound, plain)
+                _STATE.replacements[name] = plain
 
 
 def status() -> dict[str, Any]:
-    """What ``install`` did: installed, the verl API generation and release, the modules (and names) patched, the
-    verl functions left to verl (name -> why the drop-in does not stand in), whether the drop-ins verify
-    themselves, those put back after a difference (name -> the first difference) and each check's state."""
+    """What ``install`` did: the verl generation and release, modules patched (``covered``), functions left to
+    verl and put back (name -> why), whether the drop-ins check themselves and each check's state."""
     with _LOCK:
         if _STATE.installed and _STATE.originals:
             _patch_loaded_modules()  # modules that imported the drop-ins from util after install

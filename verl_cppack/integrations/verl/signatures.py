@@ -1,17 +1,8 @@
-"""Whether a drop-in can stand in for one of verl's functions, judged from the two signatures alone.
-
-A drop-in stands in for verl's function when every call verl's function accepts binds the same way to the drop-in:
-
-- verl's positional parameters are the drop-in's first positional parameters, same names, same order;
-- every parameter verl's function takes by keyword, the drop-in takes by keyword;
-- every default verl's function has, the drop-in has too, equal and of the same type;
-- the drop-in's other parameters all have defaults;
-- verl's function takes no ``*args`` / ``**kwargs`` (what it would do with them is not known).
-
-``incompatibility(verl_signature, dropin_signature)`` returns why not (``None`` when it stands in). A newer verl
-that adds a parameter the drop-in does not know keeps its own function: slower, never crashing.
-``signature_from_source`` reads a signature from a function's source, so ``verl-cppack doctor`` can tell without
-importing verl.
+"""Whether a drop-in can stand in for one of verl's functions, judged from the two signatures alone: every call
+verl's function accepts must bind the same way to the drop-in (verl's positional parameters first, same names and
+order; keywords taken by keyword; verl's defaults equal and of the same type; the drop-in's other parameters
+defaulted; no ``*args`` / ``**kwargs`` on verl's side). A newer verl with a parameter the drop-in does not know keeps
+its own function. ``VerlFunction.from_source`` reads a function from its source (``verl-cppack doctor``).
 """
 
 from __future__ import annotations
@@ -19,6 +10,7 @@ from __future__ import annotations
 import ast
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -27,31 +19,12 @@ _UNKNOWN_DEFAULT = object()  # a default ``signature_from_source`` could not eva
 
 
 def _same_default(verl_default: object, dropin_default: object) -> bool:
-    if verl_default is _UNKNOWN_DEFAULT:
-        return False
-    if type(verl_default) is not type(dropin_default):
+    if verl_default is _UNKNOWN_DEFAULT or type(verl_default) is not type(dropin_default):
         return False
     try:
         return bool(verl_default == dropin_default)
     except Exception:  # noqa: BLE001 - a default that cannot be compared is not known to be the same
         return False
-
-
-def describe(signature: inspect.Signature) -> str:
-    """``(name, name=default, ...)`` without annotations."""
-    parts = []
-    for parameter in signature.parameters.values():
-        text = (
-            parameter.name
-            if parameter.kind not in _VARIADIC
-            else str(parameter.replace(annotation=inspect.Parameter.empty))
-        )
-        if parameter.default is _UNKNOWN_DEFAULT:
-            text += "=?"
-        elif parameter.default is not inspect.Parameter.empty:
-            text += f"={parameter.default!r}"
-        parts.append(text)
-    return f"({', '.join(parts)})"
 
 
 def incompatibility(verl_signature: inspect.Signature, dropin_signature: inspect.Signature) -> str | None:
@@ -122,16 +95,13 @@ def signature_from_source(node: ast.FunctionDef) -> inspect.Signature:
     return inspect.Signature(parameters)
 
 
+@dataclass(frozen=True)
 class VerlFunction:
     """What the plugin knows of one of verl's functions before replacing it: its signature (``None`` when it has
-    none to read) and the names its body uses (globals and attributes: ``mpu.get_context_parallel_world_size``
-    counts as both), read from the function (``of``) or from its source (``from_source``)."""
+    none to read) and the names its body uses (globals and attributes), from the function or from its source."""
 
-    __slots__ = ("signature", "names")
-
-    def __init__(self, signature: inspect.Signature | None, names: frozenset[str]) -> None:
-        self.signature = signature
-        self.names = names
+    signature: inspect.Signature | None
+    names: frozenset[str]
 
     @classmethod
     def of(cls, function: Callable) -> VerlFunction:
@@ -145,13 +115,8 @@ class VerlFunction:
 
     @classmethod
     def from_source(cls, node: ast.FunctionDef) -> VerlFunction:
-        names = set()
-        for child in ast.walk(node):
-            if isinstance(child, ast.Name):
-                names.add(child.id)
-            elif isinstance(child, ast.Attribute):
-                names.add(child.attr)
-        return cls(signature_from_source(node), frozenset(names))
+        names = {getattr(child, "id", None) or getattr(child, "attr", None) for child in ast.walk(node)}
+        return cls(signature_from_source(node), frozenset(name for name in names if isinstance(name, str)))
 
 
 def _code_names(code) -> set[str]:

@@ -1,17 +1,8 @@
-"""Drop-ins for verl's vision-language mask builders ``build_vlm_attn_mask_thd`` / ``build_vlm_attn_mask_bshd``.
-
-verl (0.8+) calls them on every vision-language micro-batch: a jagged ``[B, j]`` batch of token ids becomes dense
-rows ``[B, S]`` (real tokens first, then ``pad_token_id``) and a bool mask ``[B, S]``, True at the real tokens.
-Here without a Python loop over rows: the rows are one ``to_padded_tensor`` kernel with their size given (no host read,
-no temporary of the rows' size) and the mask one comparison of the positions with the lengths. The only host
-read is the longest
-sequence (``dropins.longest_sequence``: none when the micro-batch's plan already knows it, as after
-``preprocess_thd_engine`` on the same ``input_ids``; none for ``build_vlm_attn_mask_bshd`` with
-``forced_max_seqlen``).
-
-The row length ``S`` is the longest sequence (or ``forced_max_seqlen``), rounded up to ``TP*CP*2`` when CP>1,
-else to ``TP`` — except for ``build_vlm_attn_mask_thd`` of verl 0.8.0 / 0.9.0, which does not round
-(``build_vlm_attn_mask_thd_unaligned``; ``patching`` picks the variant the installed verl has).
+"""Drop-ins for verl's (0.8+) vision-language mask builders ``build_vlm_attn_mask_thd`` / ``build_vlm_attn_mask_bshd``:
+jagged ``[B, j]`` ids -> dense rows ``[B, S]`` (real tokens first, then ``pad_token_id``) and a bool mask ``[B, S]``.
+No Python loop over rows, one ``to_padded_tensor`` kernel; the only host read is the longest sequence, none when the
+micro-batch's plan knows it or ``forced_max_seqlen`` is given. ``S`` is rounded up to ``TP*CP*2`` when CP>1, else to
+``TP``, except by verl 0.8.0 / 0.9.0's ``build_vlm_attn_mask_thd`` (``build_vlm_attn_mask_thd_unaligned``).
 """
 
 from __future__ import annotations
@@ -50,17 +41,13 @@ def _check_pad_token_id(pad_token_id: object, dtype: torch.dtype) -> int | float
 
 def _aligned(length: int, aligned: bool) -> int:
     """``length`` rounded up to verl's BSHD row multiple (``TP*CP*2`` with CP>1, else ``TP``)."""
-    if not aligned:
-        return length
-    ctx = dropins.megatron_context()
-    multiple = ctx.default_slot_multiple
+    multiple = dropins.megatron_context().default_slot_multiple if aligned else 1
     return -(-length // multiple) * multiple
 
 
 def padded_rows(nested: torch.Tensor, row_length: int, pad_token_id: int | float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Jagged ``[B, j, *]`` -> (``[B, row_length, *]`` real tokens first then ``pad_token_id``, mask ``[B, row_length]``
-    bool, or ``[B, row_length, *]`` like the rows when the ids have trailing dimensions, as verl's). Every
-    sequence must fit ``row_length`` (checked by the caller: ``to_padded_tensor`` would cut it)."""
+    """Jagged ``[B, j, *]`` -> (rows ``[B, row_length, *]``, bool mask ``[B, row_length]``, or shaped like the rows
+    with trailing dimensions, as verl's). Every sequence must fit ``row_length`` (the caller checks)."""
     offsets = nested.offsets()  # [B+1]
     batch_size = offsets.shape[0] - 1
     rows = jagged_to_padded(nested, row_length, pad_token_id)  # [B, row_length, *]
@@ -91,10 +78,9 @@ def _build_thd(input_ids: torch.Tensor, pad_token_id: object, aligned: bool):
 
 
 def build_vlm_attn_mask_thd(input_ids: torch.Tensor, pad_token_id: int = None):
-    """Jagged ``[B, j]`` ids -> (``[B, S]`` rows padded with ``pad_token_id``, ``[B, S]`` bool mask of the real
-    tokens); ``S`` is the longest sequence rounded up as verl 0.9.1 does (``TP*CP*2`` with CP>1, else ``TP``). The
+    """Jagged ``[B, j]`` ids -> (``[B, S]`` rows, ``[B, S]`` bool mask), ``S`` the longest sequence rounded up. The
     mask remembers the plan of ``preprocess_thd_engine``'s ``PackedSeqParams`` for the same ids, which a model that
-    packs the rows again (Megatron-Bridge's Qwen3-VL: ``integrations.megatron_bridge``) follows."""
+    packs the rows again follows (Megatron-Bridge's Qwen3-VL: ``integrations.megatron_bridge``)."""
     return _build_thd(input_ids, pad_token_id, aligned=True)
 
 
@@ -106,9 +92,8 @@ def build_vlm_attn_mask_thd_unaligned(input_ids: torch.Tensor, pad_token_id: int
 def build_vlm_attn_mask_bshd(
     input_ids: torch.Tensor, batch_size: int, pad_token_id: int = None, forced_max_seqlen: int | None = None
 ):
-    """Jagged ``[B, j]`` ids -> (``[B, S]`` padded rows, ``[B, S]`` bool mask); ``S`` is ``forced_max_seqlen`` (no
-    host read) or the longest sequence, rounded up as in ``build_vlm_attn_mask_thd``. ``batch_size`` must be
-    ``B`` (verl ignores it); ``forced_max_seqlen`` below the longest sequence is a ``ValueError`` (verl cuts)."""
+    """As ``build_vlm_attn_mask_thd``, ``S`` being ``forced_max_seqlen`` when given (a ``ValueError`` below the
+    longest sequence: verl cuts); ``batch_size`` must be ``B`` (verl ignores it)."""
     nested = require_jagged("input_ids", input_ids)
     require_int("batch_size", batch_size, minimum=1)
     num_sequences = nested.offsets().shape[0] - 1

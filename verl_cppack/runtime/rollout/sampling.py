@@ -1,8 +1,6 @@
 """Sampling for the Hugging Face rollout: one sequence decoded with a key/value cache, vLLM's sampling rules.
 
-``HFTokenSampler`` turns each step's logits into the distribution vLLM's sampler would (repetition penalty,
-temperature, top-k, top-p) and records the chosen token's log-prob; ``request_seed`` makes every request's draws
-repeat across runs. Only torch is needed here: the server and verl's adapter are in the sibling modules.
+Only torch is needed here: the server and verl's adapter are in the sibling modules.
 """
 
 from __future__ import annotations
@@ -23,10 +21,6 @@ GREEDY_TEMPERATURE = 1e-5
 LOG_PROBS_MODES = ("processed_logprobs", "raw_logprobs")
 """``rollout.logprobs_mode`` values served. 'processed' (verl's default): log-probs under the distribution the
 token was drawn from (penalties, temperature, top-k, top-p applied); 'raw': log_softmax of the model's logits."""
-
-# --------------------------------------------------------------------------------------------------------------
-# Sampling
-# --------------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -76,11 +70,8 @@ def request_seed(
     """The seed of one request's sampling generator: a hash of (base seed, replica rank, prompt, occurrence, name).
 
     ``occurrence`` counts earlier requests for the same prompt (and name) on the same server, so the ``n`` samples of
-    one prompt (GRPO groups) differ while a rerun draws the same ``n`` samples. verl's request ids are fresh uuids
-    and requests arrive in an order that depends on timing, so by default neither an id nor a global counter
-    repeats and ``request_name`` is empty. Under ``rollout.full_determinism`` verl names each request after its row
-    (``det-<row>``) and routes it to a replica by that name; the name then enters the seed, so each row draws the
-    same sample in every run whatever the arrival order.
+    a GRPO group differ while a rerun draws the same ``n`` (verl's request ids are fresh uuids, its arrival order
+    timing). ``request_name``: verl's row name (``det-<row>``) under ``rollout.full_determinism``, else empty.
     """
     digest = hashlib.blake2b(digest_size=8)
     digest.update(array("q", [int(base_seed), int(replica_rank), int(occurrence)]).tobytes())
@@ -94,11 +85,8 @@ def prompt_key(prompt_ids: Sequence[int]) -> bytes:
 
 
 class HFTokenSampler:
-    """Autoregressive decoding of one sequence with a Hugging Face causal LM on the CPU.
-
-    Each step runs the model on the new token (key/value cache), turns the last logits into a distribution the
-    way vLLM's sampler does, draws from it with the request's generator and records the chosen token's log-prob.
-    """
+    """Autoregressive decoding of one sequence with a Hugging Face causal LM on the CPU (key/value cache), each
+    step's token drawn as vLLM's sampler draws it, with the request's generator, and its log-prob recorded."""
 
     def __init__(self, model: torch.nn.Module, eos_token_ids: Iterable[int] = ()) -> None:
         if not hasattr(model, "forward") or not hasattr(model, "config"):
@@ -114,12 +102,8 @@ class HFTokenSampler:
         generator: torch.Generator,
         should_abort: Callable[[], bool] = lambda: False,
     ) -> SampledResponse:
-        """Decode up to ``settings.max_tokens`` tokens after ``prompt_ids``.
-
-        Stops after an end-of-sequence token (the model's, unless ``ignore_eos``) or one of
-        ``settings.stop_token_ids`` (the stop token is part of the response, as in vLLM), at ``max_tokens``, or
-        when ``should_abort()`` turns true between two steps ('aborted', with the tokens so far).
-        """
+        """Decode up to ``settings.max_tokens`` tokens after ``prompt_ids``; stop after an end-of-sequence or stop
+        token (kept, as in vLLM) or when ``should_abort()`` turns true between two steps ('aborted')."""
         if len(prompt_ids) == 0:
             raise ValueError("prompt_ids is empty: there is nothing to condition the first token on")
         stop_ids = settings.stop_token_ids | (frozenset() if settings.ignore_eos else self.eos_token_ids)
@@ -160,12 +144,9 @@ class HFTokenSampler:
     ) -> tuple[int, float]:
         """Choose a token from one position's ``logits`` ([vocab], float32); return it and its log-prob.
 
-        vLLM's order: repetition penalty (on tokens in ``seen``: positive logits divided, negative multiplied),
-        then greedy (temperature < 1e-5: argmax, log-probs of the penalised logits) or temperature, top-k, top-p
-        (the smallest most-likely set whose mass reaches top_p) and a draw. 'processed_logprobs' is the chosen
-        token's log-prob under that final distribution, which at top_k=-1, top_p=1 is
-        ``log_softmax(logits / temperature)``, the quantity verl's actor recomputes; 'raw_logprobs' is
-        ``log_softmax(logits)``.
+        vLLM's order: repetition penalty (on tokens in ``seen``), then greedy (argmax) or temperature, top-k, top-p
+        and a draw. 'processed_logprobs': the log-prob under that final distribution (``log_softmax(logits / T)`` at
+        top_k=-1, top_p=1, what verl's actor recomputes); 'raw_logprobs': ``log_softmax(logits)``.
         """
         raw = logits
         if seen is not None and settings.repetition_penalty != 1.0:
@@ -197,11 +178,8 @@ class HFTokenSampler:
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Copy Hugging Face-named tensors into the model (cast to its dtype); returns how many were loaded.
-
-        Names are the model's ``state_dict`` keys (tied weights answer to both names). An unknown name or a shape
-        mismatch is a ValueError: silently skipping a tensor would leave the rollout on stale weights.
-        """
+        """Copy Hugging Face-named tensors (``state_dict`` keys) into the model, cast to its dtype; returns how many.
+        An unknown name or a shape mismatch is a ValueError: a skipped tensor would leave stale weights."""
         targets = self.model.state_dict(keep_vars=True)
         loaded = 0
         for name, tensor in named_tensors:

@@ -37,21 +37,9 @@ ROLLOUT_NAME = HF_ROLLOUT_NAME
 SERVER_NAME_PREFIX = f"{ROLLOUT_NAME}_server_"
 """Ray actor name of a replica's server: prefix + replica rank (+ the replica's name suffix)."""
 
-_SAMPLING_KEYS_USED = frozenset(
-    {
-        "temperature",
-        "top_p",
-        "top_k",
-        "repetition_penalty",
-        "logprobs",
-        "max_tokens",
-        "max_new_tokens",
-        "stop_token_ids",
-        "ignore_eos",
-        "seed",
-        "n",
-    }
-)
+_SAMPLING_KEYS_USED = frozenset({"temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "seed", "n"}) | {
+    "max_tokens", "max_new_tokens", "stop_token_ids", "ignore_eos"
+}  # fmt: skip
 _SAMPLING_KEYS_WITHOUT_EFFECT = frozenset({"skip_special_tokens", "spaces_between_special_tokens", "detokenize"})
 """Text-side options: they change how vLLM detokenizes, not which tokens it returns, so token-in/token-out ignores
 them."""
@@ -76,17 +64,11 @@ def eos_token_ids_of(model_config: Any) -> frozenset[int]:
 class HFRolloutServer:
     """The rollout server of one replica: an HF causal LM in float32 on the CPU behind verl's server protocol.
 
-    ``HFReplica`` runs it as a Ray actor; tests may build it directly. Requests are decoded one at a time (a lock):
-    two host cores gain nothing from interleaving them, and every request's draws come from its own generator.
-
-    Seeding (what makes a run repeat): each request gets a ``torch.Generator`` seeded by
-    ``request_seed(seed, replica_rank, prompt_ids, occurrence)``, ``seed`` being ``sampling_params['seed']`` when
-    given, else ``rollout.seed``, and ``occurrence`` how many requests for the same prompt this server has taken
-    before. The samples of a prompt therefore repeat across runs whatever the request ids and arrival order; only
-    which of ``n`` identical requests receives which of the ``n`` samples follows arrival order. With more than
-    one replica, which replica serves a prompt follows verl's load balancer (least loaded: timing). Under
-    ``rollout.full_determinism`` verl names requests after their rows and routes them by name, and the name enters
-    the seed (``request_seed``): every row's sample repeats.
+    Requests are decoded one at a time (a lock): two host cores gain nothing from interleaving them. Each request
+    draws from its own ``torch.Generator``, seeded by ``request_seed`` from ``sampling_params['seed']`` (else
+    ``rollout.seed``), the replica, the prompt and how many requests for that prompt this server took before, so a
+    prompt's samples repeat across runs whatever the request ids and arrival order (under
+    ``rollout.full_determinism``, each row's: its name enters the seed).
     """
 
     def __init__(
@@ -256,9 +238,6 @@ class HFRolloutServer:
         self._rejecting = False
         self._gate_open.set()
 
-    async def resume_engine_generation(self) -> None:
-        """Nothing to resume in an engine: admission is the gate ``open_submission_gate`` opens."""
-
     async def open_submission_gate(self) -> None:
         await self.resume_generation()
 
@@ -267,26 +246,12 @@ class HFRolloutServer:
         while self._in_flight:
             await asyncio.sleep(0.01)
 
-    async def wake_up(self, tags: list[str] | None = None) -> None:
-        """No-op: weights and cache stay in host memory."""
+    async def _no_op(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing to do on the host: weights and the key/value cache (alive for one request) are host memory, there
+        is no engine profiler, and admission is the gate ``open_submission_gate`` opens."""
 
-    async def sleep(self) -> None:
-        """No-op: there is no device memory to hand back to the trainer."""
-
-    async def clear_kv_cache(self) -> None:
-        """No-op: the key/value cache lives only for the duration of one request."""
-
-    async def release_kv_cache(self) -> None:
-        """No-op (see ``clear_kv_cache``)."""
-
-    async def resume_kv_cache(self) -> None:
-        """No-op (see ``clear_kv_cache``)."""
-
-    async def start_profile(self, **kwargs: Any) -> None:
-        """No-op: no engine profiler on the host."""
-
-    async def stop_profile(self) -> None:
-        """No-op: no engine profiler on the host."""
+    wake_up = sleep = clear_kv_cache = release_kv_cache = resume_kv_cache = _no_op
+    start_profile = stop_profile = resume_engine_generation = _no_op
 
     def get_server_address(self) -> str:
         return server_address(self.replica_rank)

@@ -1,9 +1,5 @@
 """verl's side of the Hugging Face rollout: the server adapter in each hybrid worker and the trainer's replica.
 
-- ``HFServerAdapter``: the ``BaseRollout`` inside each hybrid actor worker; ``update_weights`` receives the actor's
-  weights in Hugging Face naming (``checkpoint_engine.backend=naive``) and loads them into its replica's server.
-- ``HFReplica``: the ``RolloutReplica`` the trainer builds; ``launch_servers`` starts one server actor per replica.
-
 Both are registered in verl's registries by ``cpu_fixes.py`` (rows 13 and 14), by name.
 """
 
@@ -27,13 +23,9 @@ logger = logging.getLogger(__name__)
 
 
 class HFServerAdapter(BaseRollout):
-    """verl's ``BaseRollout`` for the HF server, living in each hybrid ``ActorRolloutRefWorker`` (verl 0.9.x).
-
-    ``update_weights`` consumes the actor's weight generator on every rank (Megatron's export runs collectives
-    while it yields, so every rank must iterate it) and rank 0 of each replica, the only one holding a server,
-    sends the tensors in buckets of ``checkpoint_engine.update_weights_bucket_megabytes`` to its server by Ray
-    calls. ``resume`` and ``release`` do nothing: the server's memory is host memory.
-    """
+    """verl's ``BaseRollout`` for the HF server, in each hybrid ``ActorRolloutRefWorker``. ``update_weights`` iterates
+    the actor's weights on every rank (Megatron's export runs collectives) and the replica's rank 0 sends them to
+    its server in buckets; ``resume`` and ``release`` do nothing (host memory)."""
 
     def __init__(
         self,
@@ -117,13 +109,9 @@ async def _iterate(items: Iterable[Any] | AsyncIterable[Any]):
 
 
 class HFReplica(RolloutReplica):
-    """verl's ``RolloutReplica`` for the HF rollout (verl 0.9.x): one CPU server actor per replica.
-
-    Hybrid mode only (rollout and training share the workers, weights synced by ``HFServerAdapter``). The server
-    asks Ray for no GPU and no CPU: the workers hold the logical GPUs a CPU run starts Ray with and take turns
-    with the rollout, so reserving anything would only block scheduling. It is pinned to the node of the
-    replica's first worker.
-    """
+    """verl's ``RolloutReplica`` for the HF rollout, hybrid mode only: one CPU server actor per replica, pinned to
+    the node of its first worker, asking Ray for nothing (the workers, which hold the logical GPUs, take turns with
+    it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

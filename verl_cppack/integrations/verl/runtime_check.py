@@ -1,28 +1,14 @@
-"""Behaviour verification: a drop-in checks itself against verl's own function on its first real calls.
+"""The runtime check: on a release the matrix does not test (or with ``VERL_CPPACK_VERIFY=1``) each drop-in is bound
+inside a ``VerifiedDropIn``, whose first call in each *mode* (``mode_of``) also runs verl's function (on copies, no
+autograd) and compares the results exactly (``comparison.compare_call``, the release's intended differences
+excused). The CP group decides together (one ``all_reduce(MIN)`` of the verdict):
 
-Signatures tell whether a drop-in can take verl's calls, not whether it gives verl's results. On a verl release
-the release matrix does not test (``compare.TESTED_RELEASES``), and on any release with ``VERL_CPPACK_VERIFY=1``,
-``patching`` installs each drop-in inside a ``VerifiedDropIn``. Its first call in each *mode* (the values of the
-call's flag arguments: ``need_roll``, ``pre_process``, ``use_fp8_padding``, ``cp_layout``, which arguments are
-``None``...) runs verl's function too — on copies of the arguments (verl's may rewrite them:
-``postprocess_packed_seqs_for_dict_output`` rebinds ``output.entropy``), without autograd — and compares the two
-results exactly (``compare.compare_call``), excusing only the intended differences of that release
-(``compare.intended_keys``). The ranks of the CP group then decide together: one ``all_reduce(MIN)`` of the
-verdict over megatron's CP group at that call (when torch.distributed is initialised and CP > 1), so no rank keeps
-ours while another goes back to verl's:
-
-- **equal** on every rank: the mode is verified; the drop-in's result is returned. Once every mode seen is
-  verified and ``STEP_ASIDE_AFTER`` calls in a row needed no check, the plain drop-in replaces the wrapper in
-  every module (no cost from then on);
+- **equal** everywhere: the mode is verified; once all are, after ``STEP_ASIDE_AFTER`` quiet calls the plain drop-in
+  replaces the wrapper (``on_step_aside``);
 - **different** on any rank (or ours raised where verl did not): verl's function is put back for the rest of the
-  process in every module that bound it (``on_put_back``), one ``BehaviourChanged`` warning names the function,
-  the release and the first difference, ``status()["put_back"]`` and ``verl-cppack doctor`` list it, and verl's
-  result is returned;
-- **verl raised** (a crash the drop-in fixes) on some rank and nothing differs: the drop-in's result is returned
-  and the mode is checked again on its next call, at most ``MAX_TRIES`` times; after that the mode is taken as
-  verified and ``status()`` says verl never ran it. Both raising is bad input: ours is raised, nothing is decided.
-
-A call with an integer attention mask (``integer-masks``: verl indexes with it) is not compared.
+  process (``on_put_back``), one ``BehaviourChanged`` warning says why, verl's result is returned;
+- **verl raised**: ours is returned and the mode checked again, at most ``MAX_TRIES`` times; both raising is bad
+  input (ours is raised). An integer attention mask (``integer-masks``) is not compared.
 """
 
 from __future__ import annotations
@@ -39,38 +25,26 @@ from typing import Any
 
 import torch
 
-from verl_cppack.integrations.verl import compare
+from verl_cppack.integrations.verl import comparison
 
 VERIFY_ENV = "VERL_CPPACK_VERIFY"
 MAX_TRIES = 8  # checks of one mode where verl's function raised, before the mode counts as verified
 STEP_ASIDE_AFTER = 8  # calls in a row that needed no check, before the plain drop-in replaces the wrapper
-
-# verdict codes, ordered so that the MIN over the CP group is the group's verdict
-DIFFERENT, UNDECIDED, EQUAL = 0, 1, 2
+DIFFERENT, UNDECIDED, EQUAL = 0, 1, 2  # verdicts, ordered so that the MIN over the CP group is the group's
 
 
 class BehaviourChanged(UserWarning):
     """verl's function gives other results than its drop-in: verl's was put back."""
 
 
-def requested() -> bool | None:
-    """``VERL_CPPACK_VERIFY``: True (1/true/yes/on), False (0/false/no/off) or None (unset: by release)."""
-    value = os.environ.get(VERIFY_ENV, "").strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    return None
-
-
 def wanted(release: str | None) -> bool:
-    """Whether the drop-ins verify themselves: as ``VERL_CPPACK_VERIFY`` says, else when ``release`` is not one
-    the release matrix tests."""
-    asked = requested()
-    return asked if asked is not None else release not in compare.TESTED_RELEASES
+    """``VERL_CPPACK_VERIFY`` (1/true/yes/on or 0/false/no/off) when set, else whether ``release`` is untested."""
+    value = os.environ.get(VERIFY_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return value in ("1", "true", "yes", "on")
+    return release not in comparison.TESTED_RELEASES
 
 
-# ------------------------------------------------------------------------------------------------ helpers
 def mode_of(bound: inspect.BoundArguments) -> tuple:
     """What tells one kind of call from another: bools and strings by value, everything else by kind."""
     mode = []
@@ -85,8 +59,8 @@ def mode_of(bound: inspect.BoundArguments) -> tuple:
 
 
 def copy_argument(value: Any) -> Any:
-    """A copy verl's function may rewrite: tensors cloned (no autograd), containers and dataclass-like objects
-    copied with their tensor attributes cloned; anything else (groups, numbers) shared."""
+    """A copy verl's function may rewrite: tensors cloned (no autograd), containers and dataclasses copied with their
+    tensors cloned; anything else (groups, numbers) shared."""
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
@@ -106,45 +80,37 @@ def copy_argument(value: Any) -> Any:
     return value
 
 
-def decide_together(verdict: int, device: torch.device) -> int:
-    """The CP group's verdict: the MIN of every rank's (one all-reduce when torch.distributed is initialised and
-    megatron's CP size is above 1; this rank's verdict otherwise)."""
-    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return verdict
+def _cp_context() -> Any:
+    """Megatron's parallel context, or None without megatron's parallel state."""
     from verl_cppack.integrations.megatron import parallel_context_from_megatron
 
     try:
-        ctx = parallel_context_from_megatron()
-    except (ImportError, ValueError):  # no megatron parallel state: no CP group to agree with
+        return parallel_context_from_megatron()
+    except (ImportError, ValueError):
+        return None
+
+
+def decide_together(verdict: int, device: torch.device) -> int:
+    """The MIN of every CP rank's verdict (one all-reduce when torch.distributed is up and CP > 1)."""
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return verdict
-    if ctx.cp_size <= 1:
+    ctx = _cp_context()
+    if ctx is None or ctx.cp_size <= 1:
         return verdict
-    group = ctx.cp_group
-    if torch.distributed.get_backend(group) == "nccl":
+    if torch.distributed.get_backend(ctx.cp_group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
     flag = torch.tensor([verdict], dtype=torch.int64, device=device)
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=group)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=ctx.cp_group)
     return int(flag.item())
-
-
-def _device_of(bound: inspect.BoundArguments) -> torch.device:
-    for value in bound.arguments.values():
-        if isinstance(value, torch.Tensor):
-            return value.device
-    return torch.device("cpu")
 
 
 def _raised(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error)[:200]}"
 
 
-# ------------------------------------------------------------------------------------------------ the wrapper
 class VerifiedDropIn:
-    """``dropin`` standing in for verl's ``original`` under ``name``, checking itself on its first calls.
-
-    ``on_put_back(name, reason)``: put verl's function back wherever the wrapper is bound (called once, on a
-    difference); ``on_step_aside(name, dropin)``: bind the plain drop-in instead of the wrapper (once, when
-    every mode seen is verified). The wrapper stays callable either way (references kept elsewhere)."""
+    """``dropin`` standing in for verl's ``original`` under ``name``, checking itself on its first calls;
+    ``on_put_back(name, reason)`` / ``on_step_aside(name, dropin)`` rebind where the wrapper is bound."""
 
     def __init__(
         self,
@@ -155,14 +121,9 @@ class VerifiedDropIn:
         on_put_back: Callable[[str, str], None] | None = None,
         on_step_aside: Callable[[str, Callable[..., Any]], None] | None = None,
     ) -> None:
-        self.name = name
-        self.original = original
-        self.dropin = dropin
-        self.release = release
-        self.excused = compare.intended_keys(release)
+        self.name, self.original, self.dropin, self.release = name, original, dropin, release
         self.signature = inspect.signature(original)
-        self.on_put_back = on_put_back
-        self.on_step_aside = on_step_aside
+        self.on_put_back, self.on_step_aside = on_put_back, on_step_aside
         self.verified: set[tuple] = set()
         self.tries: dict[tuple, int] = {}
         self.unverified: dict[tuple, str] = {}  # mode -> why it counts as verified without a comparison
@@ -171,17 +132,14 @@ class VerifiedDropIn:
         self.checks = 0  # calls that ran a comparison
         self.quiet_calls = 0  # calls in a row that needed none
         self._lock = threading.RLock()
-        self.function = self._make_function()
 
-    def _make_function(self) -> Callable[..., Any]:
-        @functools.wraps(self.dropin)
+        @functools.wraps(dropin)
         def verified(*args: Any, **kwargs: Any) -> Any:
             return self(*args, **kwargs)
 
         verified.__verl_cppack_verification__ = self  # type: ignore[attr-defined]
-        return verified
+        self.function = verified
 
-    # -------------------------------------------------------------------------------------------- state
     def state(self) -> dict[str, Any]:
         return {
             "release": self.release,
@@ -192,7 +150,6 @@ class VerifiedDropIn:
             "unverified": sorted(self.unverified.values()),
         }
 
-    # -------------------------------------------------------------------------------------------- calls
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.put_back_reason is not None:
             return self.original(*args, **kwargs)
@@ -204,36 +161,30 @@ class VerifiedDropIn:
             return self.dropin(*args, **kwargs)  # a call verl's function refuses: ours says why
         mode = mode_of(bound)
         with self._lock:
-            if mode in self.verified:
-                result = self.dropin(*args, **kwargs)
-                self._quiet_call()
-                return result
-            return self._check(mode, args, kwargs, bound)
-
-    def _quiet_call(self) -> None:
-        self.quiet_calls += 1
-        if self.quiet_calls >= STEP_ASIDE_AFTER and not self.stepped_aside:
-            self.stepped_aside = True
-            if self.on_step_aside is not None:
-                self.on_step_aside(self.name, self.dropin)
+            if mode not in self.verified:
+                return self._check(mode, args, kwargs, bound)
+            result = self.dropin(*args, **kwargs)
+            self.quiet_calls += 1
+            if self.quiet_calls >= STEP_ASIDE_AFTER and not self.stepped_aside:
+                self.stepped_aside = True
+                if self.on_step_aside is not None:
+                    self.on_step_aside(self.name, self.dropin)
+            return result
 
     def _check(self, mode: tuple, args: tuple, kwargs: dict, bound: inspect.BoundArguments) -> Any:
         self.checks += 1
         self.quiet_calls = 0
-        device = _device_of(bound)
-        if compare.integer_mask(self.name, bound):
+        device = next((v.device for v in bound.arguments.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        if comparison.integer_mask(self.name, bound):
             decide_together(UNDECIDED, device)  # the other ranks check this call: answer them
             return self.dropin(*args, **kwargs)
-        theirs: Any = None
-        verl_error: BaseException | None = None
+        theirs = ours = verl_error = our_error = None
         copies = self.signature.bind(*copy_argument(bound.args), **copy_argument(bound.kwargs))
         try:
             with torch.no_grad():
                 theirs = self.original(*copies.args, **copies.kwargs)
         except Exception as error:  # noqa: BLE001 - verl's failures are part of the verdict
             verl_error = error
-        ours: Any = None
-        our_error: BaseException | None = None
         try:
             ours = self.dropin(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - ours too
@@ -243,16 +194,13 @@ class VerifiedDropIn:
             difference = f"ours raised where verl's did not ({_raised(our_error)})"
         elif verl_error is None:
             try:
-                findings = compare.compare_call(self.name, self.original, copies, theirs, ours)
+                findings = comparison.compare_call(self.name, self.original, copies, theirs, ours)
             except Exception as error:  # noqa: BLE001 - results that cannot be compared are not known equal
-                findings = [compare.Finding(self.name, "", "comparison-raised", _raised(error))]
-            unexcused = [
-                f for f in findings if compare.difference_key(self.name, f.where, _cp_size()) not in self.excused
-            ]
-            if unexcused:
-                difference = unexcused[0].describe()
-        verdict = DIFFERENT if difference else (UNDECIDED if verl_error is not None else EQUAL)
-        verdict = decide_together(verdict, device)
+                findings = [comparison.Finding(self.name, "", "comparison-raised", _raised(error))]
+            ctx = _cp_context()
+            left = comparison.unexcused(findings, self.release, ctx.cp_size if ctx is not None else 1)
+            difference = left[0].describe() if left else None
+        verdict = decide_together(DIFFERENT if difference else (UNDECIDED if verl_error is not None else EQUAL), device)
         if verdict == DIFFERENT:
             self._put_back(difference or "another rank of the CP group found a difference")
             if verl_error is None:
@@ -264,8 +212,6 @@ class VerifiedDropIn:
             if self.tries[mode] >= MAX_TRIES:
                 self.verified.add(mode)
                 self.unverified[mode] = f"verl's function raised on each of its first {MAX_TRIES} checks"
-        elif verl_error is None:  # another rank's verl raised: check this mode again next call
-            pass
         if our_error is not None:
             raise our_error
         return ours
@@ -281,15 +227,6 @@ class VerifiedDropIn:
         )
         if self.on_put_back is not None:
             self.on_put_back(self.name, reason)
-
-
-def _cp_size() -> int:
-    from verl_cppack.integrations.megatron import parallel_context_from_megatron
-
-    try:
-        return parallel_context_from_megatron().cp_size
-    except (ImportError, ValueError):
-        return 1
 
 
 def verification_of(function: Callable[..., Any]) -> VerifiedDropIn | None:

@@ -1,23 +1,12 @@
-"""Where a drop-in's results differ from verl's own function's, and which of those differences are intended.
+"""The one comparison of a drop-in with verl's own function, and the one home of what it is held to: the tested
+releases, util's functions that pack nothing, the intended differences per release (docs/design.md's table is
+checked against ``intended_rows``). ``Comparison`` records where two results differ as ``Finding``s, keyed by
+``difference_key``; used by ``runtime_check`` (``compare_call``), the release harness of the tests, the benchmarks.
 
-One comparison for two users: the release matrix (``tests/test_verl_release_matrix.py``: every tested release side
-by side with its drop-ins on random batches) and behaviour verification at run time (``verification``: a drop-in
-checks itself against verl's function on its first real calls). Both record ``Finding``s, name each with
-``difference_key`` and excuse exactly the keys ``INTENDED_DIFFERENCES`` lists for the release (docs/design.md,
-"Intended differences", holds the same table; a test keeps the two equal).
-
-Where a finding is:
-
-- ``values`` / ``dtype`` / ``shape`` / ``type`` / ``grad`` / ``params.<field>``: anywhere, per output;
-- ``roll-last-token``: with ``need_roll``, the positions holding each sequence's last real token (whose target is
-  the wrapped one); ``roll-padding``: with ``need_roll``, padding positions;
-- ``positions-real`` / ``positions-padding`` / ``positions-roll``: returned position ids at real tokens, at
-  padding, and any position id with ``need_roll``;
-- ``verl-raised`` (``verl-raised-<feature>`` when verl succeeds without that feature of the case) where verl fails
-  and ours does not; ``ours-raised`` the other way.
-
-Which positions are real tokens, padding or last tokens is read from verl's own function applied to marker inputs
-(ones, or ones at each sequence's last token), never from the drop-in under comparison.
+A finding's ``where``: ``values`` / ``dtype`` / ``shape`` / ``type`` / ``device`` / ``grad`` / ``params.<field>``;
+``roll-last-token`` / ``roll-padding`` (``need_roll``); ``positions-real`` / ``-padding`` / ``-roll``;
+``verl-raised[-<feature>]`` / ``ours-raised``. Real, padding and last tokens are read from verl's function on marker
+inputs, never from ours.
 """
 
 from __future__ import annotations
@@ -29,15 +18,16 @@ from typing import Any
 
 import torch
 
-# Every verl release the release matrix holds the drop-ins to (oldest first).
-TESTED_RELEASES = ("0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1")
+TESTED_RELEASES = ("0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1")  # oldest first
+# util's public functions that pack nothing (an Ascend hook that returns None): no drop-in, and no "unknown" either
+NOT_PACKING = frozenset({"preprocess_for_mindspeed"})
 
-# difference key -> the releases it is intended for ("all", versions and ranges "a–b" with an en dash); the same
-# rows as docs/design.md's table, in its order.
+# difference key -> the releases it is intended for ("all", versions, ranges "a–b" with an en dash), in the order of
+# docs/design.md's table ("Intended differences"), which describes each
 INTENDED_DIFFERENCES: dict[str, str] = {
     "roll-last-token": "0.7.0–0.9.1",
     "roll-padding": "0.7.0–0.9.1",
-    "positions-padding": "0.7.1–0.9.1",
+    "positions-padding": "0.7.1",
     "positions-back-chunk": "0.7.1",
     "positions-roll": "0.7.1–0.9.1",
     "nested-float32-cp": "0.6.1–0.9.0",
@@ -65,24 +55,19 @@ PSP_FIELDS = (
     "local_cp_size",
     "cp_group",
 )
-
-# verl names by how their results are compared
-NESTED_THD_PRE = frozenset({"preprocess_thd_engine", "preprocess_thd_no_padding", "preprocess_packed_seqs_no_padding"})
-NESTED_THD_POST = frozenset(
-    {"postprocess_thd_engine", "postprocess_thd_no_padding", "postprocess_packed_seqs_no_padding"}
-)
-NESTED_BSHD_PRE = frozenset({"preprocess_bshd_engine", "preprocess_bshd_no_padding"})
-MASKED = frozenset(  # functions whose (original_)attention_mask selects tokens: the integer-masks difference
-    {
-        "preprocess_packed_seqs",
-        "postprocess_packed_seqs",
-        "postprocess_packed_seqs_for_dict_output",
-        "preprocess_bshd",
-        "postprocess_bshd",
-        "remove_left_padding",
-        "recover_left_padding",
-    }
-)
+NESTED_THD_PRE = {"preprocess_thd_engine", "preprocess_thd_no_padding", "preprocess_packed_seqs_no_padding"}
+NESTED_THD_POST = {"postprocess_thd_engine", "postprocess_thd_no_padding", "postprocess_packed_seqs_no_padding"}
+NESTED_BSHD_PRE = {"preprocess_bshd_engine", "preprocess_bshd_no_padding"}
+# functions whose (original_)attention_mask selects tokens: where verl indexes with integer masks (integer-masks)
+MASKED = {
+    "preprocess_packed_seqs",
+    "postprocess_packed_seqs",
+    "postprocess_packed_seqs_for_dict_output",
+    "preprocess_bshd",
+    "postprocess_bshd",
+    "remove_left_padding",
+    "recover_left_padding",
+}
 
 
 def releases_of(spec: str) -> tuple[str, ...]:
@@ -100,15 +85,19 @@ def releases_of(spec: str) -> tuple[str, ...]:
 
 
 def intended_keys(release: str | None) -> frozenset[str]:
-    """The difference keys intended for ``release``; for a release the matrix does not test (or an unknown one),
-    those of the newest tested release: what our functions mean to do differently, nothing an older verl did."""
+    """The keys intended for ``release``; for an untested (or unknown) one, the newest tested release's."""
     if release not in TESTED_RELEASES:
         release = TESTED_RELEASES[-1]
     return frozenset(key for key, spec in INTENDED_DIFFERENCES.items() if release in releases_of(spec))
 
 
+def intended_rows() -> list[str]:
+    """The opening cells of docs/design.md's rows, one per intended difference, in order."""
+    return [f"| `{key}` | {spec} |" for key, spec in INTENDED_DIFFERENCES.items()]
+
+
 def difference_key(function: str, where: str, cp_size: int) -> str:
-    """The key under which a finding is listed (``unlisted:<where>`` for a finding no key covers)."""
+    """The key a finding is listed under (``unlisted:<where>`` for one no key covers)."""
     if where == "verl-raised-trailing_dims":
         return "crash-trailing-dims"
     if where == "verl-raised-dtype" and cp_size > 1:
@@ -130,7 +119,7 @@ def difference_key(function: str, where: str, cp_size: int) -> str:
 
 @dataclass(frozen=True)
 class Finding:
-    """One comparison that was not equal: ``function`` of the release, the ``case`` (options, tensor), ``where``."""
+    """One comparison that was not equal: ``function``, the ``case`` (options, tensor), ``where``, ``detail``."""
 
     function: str
     case: str
@@ -142,14 +131,23 @@ class Finding:
         return f"{text}: {self.detail}" if self.detail else text
 
 
+def unexcused(findings: list[Finding], release: str | None, cp_size: int) -> list[Finding]:
+    """The findings whose key is not intended for ``release``."""
+    excused = intended_keys(release)
+    return [f for f in findings if difference_key(f.function, f.where, cp_size) not in excused]
+
+
 def _short(x: torch.Tensor, limit: int = 8) -> str:
     flat = x.detach().reshape(-1)
-    values = flat[:limit].tolist()
-    return f"{values}{'...' if flat.numel() > limit else ''}"
+    return f"{flat[:limit].tolist()}{'...' if flat.numel() > limit else ''}"
+
+
+def _is_params(value: Any) -> bool:
+    return hasattr(value, "cu_seqlens_q") and hasattr(value, "qkv_format")
 
 
 class Comparison:
-    """Collects the findings of one comparison (and how many results of each function were compared)."""
+    """The findings of one comparison, and how many results of each function were compared."""
 
     def __init__(self) -> None:
         self.findings: list[Finding] = []
@@ -170,55 +168,52 @@ class Comparison:
         regions: Mapping[str, torch.Tensor] | None = None,
         prefix: str = "",
     ) -> None:
-        """Equal type, dtype, shape and values; a mismatch of values is reported per region (bool masks over the
-        leading positions of both tensors, named) or as ``values``."""
+        """Equal type, dtype, shape, device and values; differing values are reported per region (bool masks over
+        the leading positions, named) or as ``values``."""
+
+        def add(where: str, detail: str = "") -> None:
+            self.add(function, case, where, detail)
+
         if isinstance(theirs, torch.Tensor) and theirs.is_nested:
             if not (isinstance(ours, torch.Tensor) and ours.is_nested):
-                self.add(function, case, f"{prefix}type", "verl nested, ours not")
-                return
+                return add(f"{prefix}type", "verl nested, ours not")
             if theirs.dtype != ours.dtype:
-                self.add(function, case, f"{prefix}dtype", f"verl {theirs.dtype}, ours {ours.dtype}")
+                add(f"{prefix}dtype", f"verl {theirs.dtype}, ours {ours.dtype}")
             theirs_parts, ours_parts = theirs.unbind(), ours.unbind()
             if len(theirs_parts) != len(ours_parts):
-                self.add(function, case, f"{prefix}shape", f"verl {len(theirs_parts)} rows, ours {len(ours_parts)}")
-                return
+                return add(f"{prefix}shape", f"verl {len(theirs_parts)} rows, ours {len(ours_parts)}")
             for index, (a, b) in enumerate(zip(theirs_parts, ours_parts)):
-                if a.shape != b.shape or not torch.equal(a.to(b.dtype), b):
-                    self.add(function, case, f"{prefix}values", f"row {index}: verl {_short(a)}, ours {_short(b)}")
-                    return
-            return
+                if a.shape != b.shape or a.device != b.device or not torch.equal(a.to(b.dtype), b):
+                    return add(f"{prefix}values", f"row {index}: verl {_short(a)}, ours {_short(b)}")
+            return None
         if not isinstance(ours, torch.Tensor) or not isinstance(theirs, torch.Tensor):
             if isinstance(ours, torch.Tensor) or isinstance(theirs, torch.Tensor):
-                self.add(function, case, f"{prefix}type", f"verl {type(theirs).__name__}, ours {type(ours).__name__}")
+                add(f"{prefix}type", f"verl {type(theirs).__name__}, ours {type(ours).__name__}")
             elif ours is not theirs and ours != theirs:
-                self.add(function, case, f"{prefix}values", f"verl {theirs!r}, ours {ours!r}")
-            return
+                add(f"{prefix}values", f"verl {theirs!r}, ours {ours!r}")
+            return None
         if theirs.dtype != ours.dtype:
-            self.add(function, case, f"{prefix}dtype", f"verl {theirs.dtype}, ours {ours.dtype}")
+            add(f"{prefix}dtype", f"verl {theirs.dtype}, ours {ours.dtype}")
         if theirs.shape != ours.shape:
-            self.add(function, case, f"{prefix}shape", f"verl {tuple(theirs.shape)}, ours {tuple(ours.shape)}")
-            return
+            return add(f"{prefix}shape", f"verl {tuple(theirs.shape)}, ours {tuple(ours.shape)}")
         if theirs.device != ours.device:
-            self.add(function, case, f"{prefix}device", f"verl {theirs.device}, ours {ours.device}")
-            return
+            return add(f"{prefix}device", f"verl {theirs.device}, ours {ours.device}")
         differs = theirs.to(ours.dtype) != ours
         if not differs.any():
-            return
+            return None
         detail = f"verl {_short(theirs)}, ours {_short(ours)}"
         region_dims = next(iter(regions.values())).dim() if regions else 1
         while differs.dim() > region_dims:
             differs = differs.any(dim=-1)
-        if not regions:
-            self.add(function, case, f"{prefix}values", detail)
-            return
         explained = torch.zeros_like(differs)
-        for region, selected in regions.items():
+        for region, selected in (regions or {}).items():
             selected = selected.to(differs.device)
             if (differs & selected).any():
-                self.add(function, case, region)
+                add(region)
             explained |= selected
         if (differs & ~explained).any():
-            self.add(function, case, f"{prefix}values", detail)
+            add(f"{prefix}values", detail)
+        return None
 
     def params(self, function: str, case: str, theirs: Any, ours: Any) -> None:
         """The ``PackedSeqParams`` fields either has, compared as tensors (``params.<field>:values``...)."""
@@ -228,9 +223,29 @@ class Comparison:
                     function, case, getattr(theirs, name, None), getattr(ours, name, None), prefix=f"params.{name}:"
                 )
 
-
-def accepts(function: Callable, name: str) -> bool:
-    return name in inspect.signature(function).parameters
+    def results(self, function: str, case: str, theirs: Any, ours: Any, regions: Mapping[int, Any]) -> None:
+        """Two results part by part: tuples by index (``regions``: per index), dicts by key, params by field."""
+        if isinstance(theirs, dict) and isinstance(ours, dict):
+            if sorted(theirs) != sorted(ours):
+                return self.add(function, case, "keys", f"verl {sorted(theirs)}, ours {sorted(ours)}")
+            for key in theirs:
+                self.tensors(function, case, theirs[key], ours[key], prefix=f"{key}:")
+            return None
+        if not (isinstance(theirs, (tuple, list)) and isinstance(ours, (tuple, list))):
+            return self.tensors(function, case, theirs, ours)
+        if len(theirs) != len(ours):
+            return self.add(function, case, "arity", f"verl returns {len(theirs)} values, ours {len(ours)}")
+        for index, (a, b) in enumerate(zip(theirs, ours)):
+            rule = regions.get(index)
+            if _is_params(a) or _is_params(b):
+                self.params(function, case, a, b)
+            elif rule == "positions-roll" and isinstance(a, torch.Tensor) and getattr(b, "shape", None) == a.shape:
+                if not torch.equal(a.to(b.dtype), b):
+                    self.add(function, case, "positions-roll")
+            else:
+                rule = rule if isinstance(rule, dict) else None
+                self.tensors(function, case, a, b, regions=rule, prefix=f"result[{index}]:")
+        return None
 
 
 # ------------------------------------------------------------------------------------------------ markers
@@ -250,44 +265,8 @@ def ones_like_nested(nested: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ one call
-def _is_params(value: Any) -> bool:
-    return hasattr(value, "cu_seqlens_q") and hasattr(value, "qkv_format")
-
-
-def _parts(c: Comparison, function: str, case: str, theirs: Any, ours: Any, regions: Mapping[int, Any]) -> None:
-    """Compare two results part by part (tuples by index, dicts by key, ``PackedSeqParams`` by field)."""
-    if isinstance(theirs, dict) and isinstance(ours, dict):
-        if sorted(theirs) != sorted(ours):
-            c.add(function, case, "keys", f"verl {sorted(theirs)}, ours {sorted(ours)}")
-            return
-        for key in theirs:
-            c.tensors(function, case, theirs[key], ours[key], prefix=f"{key}:")
-        return
-    if isinstance(theirs, (tuple, list)) and isinstance(ours, (tuple, list)):
-        if len(theirs) != len(ours):
-            c.add(function, case, "arity", f"verl returns {len(theirs)} values, ours {len(ours)}")
-            return
-        for index, (a, b) in enumerate(zip(theirs, ours)):
-            rule = regions.get(index)
-            if _is_params(a) or _is_params(b):
-                c.params(function, case, a, b)
-            elif rule == "positions-roll":
-                if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape:
-                    if not torch.equal(a.to(b.dtype), b):
-                        c.add(function, case, "positions-roll")
-                else:
-                    c.tensors(function, case, a, b, prefix=f"result[{index}]:")
-            elif isinstance(rule, dict):
-                c.tensors(function, case, a, b, regions=rule, prefix=f"result[{index}]:")
-            else:
-                c.tensors(function, case, a, b, prefix=f"result[{index}]:")
-        return
-    c.tensors(function, case, theirs, ours)
-
-
 def _marker_call(verl: Callable, bound: inspect.BoundArguments, marker: torch.Tensor) -> Any:
-    arguments = dict(bound.arguments)
-    arguments["input_ids"] = marker
+    arguments = dict(bound.arguments, input_ids=marker)
     for flag, value in (("need_roll", False), ("pre_process", True)):
         if flag in arguments:
             arguments[flag] = value
@@ -295,7 +274,7 @@ def _marker_call(verl: Callable, bound: inspect.BoundArguments, marker: torch.Te
 
 
 def _regions(function: str, verl: Callable, bound: inspect.BoundArguments, theirs: Any) -> dict[int, Any]:
-    """Per result index: the intended-difference regions of that part (read from verl's function on markers)."""
+    """Per result index: the regions of intended differences of that part (read from verl's function on markers)."""
     arguments = bound.arguments
     input_ids = arguments.get("input_ids")
     if not isinstance(input_ids, torch.Tensor) or not input_ids.is_nested or arguments.get("pre_process") is False:
@@ -314,28 +293,24 @@ def _regions(function: str, verl: Callable, bound: inspect.BoundArguments, their
         return regions
     if function in NESTED_BSHD_PRE and rolled:
         marker = _marker_call(verl, bound, last_token_marker(input_ids))
-        real, last = marker[1].bool(), marker[0] == 1  # [B, L] verl's mask; its packing of the marker
-        return {0: {"roll-last-token": last, "roll-padding": ~real}}
+        return {0: {"roll-last-token": marker[0] == 1, "roll-padding": ~marker[1].bool()}}
     return {}
 
 
 def compare_call(function: str, verl: Callable, bound: inspect.BoundArguments, theirs: Any, ours: Any) -> list[Finding]:
-    """Where ``ours`` (the drop-in's result) differs from ``theirs`` (verl's ``verl`` on the same ``bound``
-    arguments), the regions of intended differences named as the release matrix names them. ``verl`` may be
-    called again on marker inputs (the nested preprocess functions)."""
+    """Where ``ours`` differs from ``theirs`` (verl's ``verl`` on the ``bound`` arguments), intended regions named;
+    ``verl`` may be called again on marker inputs (the nested preprocess functions)."""
     c = Comparison()
     with torch.no_grad():
         regions = _regions(function, verl, bound, theirs)
-    _parts(c, function, "", theirs, ours, regions)
+    c.results(function, "", theirs, ours, regions)
     return c.findings
 
 
 def integer_mask(function: str, bound: inspect.BoundArguments) -> bool:
-    """Whether the call passes an integer attention mask to a function that indexes with it (verl then indexes
-    positions 0 and 1: the intended difference ``integer-masks``, nothing to verify against)."""
-    if function not in MASKED:
-        return False
-    return any(
+    """Whether the call passes an integer mask to a function that indexes with it (``integer-masks``: verl then
+    indexes positions 0 and 1, nothing to verify against)."""
+    return function in MASKED and any(
         isinstance(bound.arguments.get(name), torch.Tensor) and bound.arguments[name].dtype != torch.bool
         for name in ("attention_mask", "original_attention_mask")
     )

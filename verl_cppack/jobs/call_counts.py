@@ -1,20 +1,15 @@
-"""Opt-in count of the drop-in calls verl makes in this process, for jobs that must prove the drop-ins ran.
+"""A job's count of the drop-in calls verl makes in each process, for jobs that must prove the drop-ins ran.
 
-``counted(name, dropin)`` wraps a drop-in when counting is asked for; every call adds one to its count and
-republishes this process's record ``{"pid", "host", "node", "gloo_interface", "working_dir", "package_dir",
-"counts": {name: calls}, "roles": {role: calls}}`` (where it ran, which interface gloo bound to, where its task
-files and its verl_cppack came from; replaced whole, so the counts survive a worker that is killed rather than
-shut down):
+Importing this module (in verl's processes: ``VERL_USE_EXTERNAL_MODULES=verl_cppack.verl_plugin,
+verl_cppack.jobs.call_counts``) has ``patching`` wrap every drop-in in ``counted``, which counts only when asked:
 
-- ``VERL_CPPACK_CALL_COUNT_RAY_KEY=KEY``, in a process connected to Ray (verl's workers): into the cluster's
-  key-value store under ``KEY/<node id>/<pid>``, namespace ``verl_cppack``, so that records of workers on every
-  node reach the launcher without a shared file system (``read_ray_call_records``); ``node`` is the Ray node id;
-- ``VERL_CPPACK_CALL_COUNT_DIR=DIR`` otherwise (gloo processes without Ray): the file ``DIR/<host>-<pid>.json``,
-  written atomically (``read_call_records``); ``node`` is the host name.
+- ``VERL_CPPACK_CALL_COUNT_RAY_KEY=KEY`` in a process connected to Ray: the record goes into the cluster's key-value
+  store under ``KEY/<node id>/<pid>`` (``read_ray_call_records``), so workers on every node reach the launcher;
+- ``VERL_CPPACK_CALL_COUNT_DIR=DIR`` otherwise: the file ``DIR/<host>-<pid>.json``, written atomically.
 
-The role is ``critic`` when the call comes from verl's value-model engine (a caller frame's ``self`` is a
-``*ValueHead`` engine: actor, reference and critic can share one worker process), else ``policy``. Without either
-variable the drop-ins are installed unwrapped: nothing is counted and nothing costs.
+A record is ``{"pid", "host", "node", "gloo_interface", "working_dir", "package_dir", "counts": {name: calls},
+"roles": {role: calls}}``, replaced whole on each call. The role is ``critic`` when a caller frame's ``self`` is
+verl's value-model engine (``*ValueHead``), else ``policy``. Without either variable nothing is counted.
 """
 
 from __future__ import annotations
@@ -28,6 +23,8 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from verl_cppack.integrations.verl import patching
 
 COUNT_DIR_ENV = "VERL_CPPACK_CALL_COUNT_DIR"
 COUNT_RAY_KEY_ENV = "VERL_CPPACK_CALL_COUNT_RAY_KEY"
@@ -174,3 +171,6 @@ def sum_calls(records: Iterable[dict[str, Any]], key: str = "counts") -> dict[st
 def read_call_counts(directory: str | Path, key: str = "counts") -> dict[str, int]:
     """Sum over every process that wrote into ``directory``: drop-in name -> calls (``key="roles"``: role -> calls)."""
     return sum_calls(read_call_records(directory), key)
+
+
+patching.wrap_dropins(counted)
