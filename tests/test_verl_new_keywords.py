@@ -23,7 +23,7 @@ import torch
 from tests import oracle
 from verl_cppack import ParallelContext
 from verl_cppack.integrations import megatron
-from verl_cppack.integrations.verl import dropins, release_names
+from verl_cppack.integrations.verl import dropins
 from verl_cppack.packing.builders import plan_from_lengths
 
 pytest.importorskip("megatron.core.packed_seq_params")
@@ -122,7 +122,7 @@ def test_fp8_padding_follows_the_recipe(context, recipe, block, tp_size, cp_size
         expected = [0 if rows[p] is None else ids[rows[p]].item() for p in index]
         packed, params = dropins.preprocess_packed_seqs(ids, mask, use_fp8_padding=True, fp8_recipe=recipe)
         assert params.cu_seqlens_q_padded.tolist() == cu and packed[0].tolist() == expected
-        for preprocess in (dropins.preprocess_thd_engine, release_names.preprocess_thd_no_padding):
+        for preprocess in (dropins.preprocess_thd_engine, dropins.preprocess_thd_no_padding):
             packed, params, _ = preprocess(nested, use_fp8_padding=True, fp8_recipe=recipe)
             assert params.cu_seqlens_q_padded.tolist() == cu and packed[0].tolist() == expected
 
@@ -209,10 +209,11 @@ def test_include_total_tokens_as_verls_pull_request_tests_it(context, params_cla
         context(cp_size=2, cp_rank=rank)
         packed, params, positions = dropins.preprocess_thd_engine(_nested([1, 2, 3, 4, 5]), include_total_tokens=True)
         assert params.total_tokens == 8 and packed.tolist() == tokens and positions.tolist() == expected_positions
-    for rank, tokens in ((0, [[7, 0]]), (1, [[0, 0]])):
+    # rank 1's front chunk is padding, numbered with its slot offset as verl 0.9.1 and main number it
+    for rank, tokens, expected_positions in ((0, [[7, 0]], [[0, 0]]), (1, [[0, 0]], [[1, 0]])):
         context(cp_size=2, cp_rank=rank)
         packed, params, positions = dropins.preprocess_thd_engine(_nested([7]), include_total_tokens=True)
-        assert params.total_tokens == 4 and packed.tolist() == tokens and positions.tolist() == [[0, 0]]
+        assert params.total_tokens == 4 and packed.tolist() == tokens and positions.tolist() == expected_positions
 
 
 @pytest.fixture

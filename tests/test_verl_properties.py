@@ -97,11 +97,11 @@ def test_plan_cache_reuses_a_plan_until_the_mask_changes_or_dies():
         built.append(1)
         return len(built)
 
-    assert cache.get_or_build(mask, "k", build) == 1
-    assert cache.get_or_build(mask, "k", build) == 1  # same tensor, same version: reused
-    assert cache.get_or_build(mask.clone(), "k", build) == 2  # equal values, another tensor: rebuilt
+    assert cache.entry(mask, "k", build)[0] == 1
+    assert cache.entry(mask, "k", build)[0] == 1  # same tensor, same version: reused
+    assert cache.entry(mask.clone(), "k", build)[0] == 2  # equal values, another tensor: rebuilt
     mask[0, 0] = False  # in-place edit bumps the version
-    assert cache.get_or_build(mask, "k", build) == 3
+    assert cache.entry(mask, "k", build)[0] == 3
     del mask  # its weak reference's callback runs now: it only notes the death ...
     assert len(cache._entries) == 2
     assert cache.lookup(torch.ones(1, 1, dtype=torch.bool), "k") is None  # ... and the next call drops the entries
@@ -117,7 +117,7 @@ def test_a_source_dying_never_changes_the_cache_under_its_own_loops():
     cache = TensorKeyedCache(capacity=4)
     sources = [torch.ones(2, 3, dtype=torch.bool) for _ in range(3)]
     for index in range(len(sources)):
-        cache.get_or_build(sources[index], "k", lambda index=index: index)
+        cache.entry(sources[index], "k", lambda index=index: index)
     entries, snapshots = list(cache._entries.items()), dict(cache._snapshots)
     for _ in cache._entries:  # a loop of the cache's, during which every source dies
         sources.clear()

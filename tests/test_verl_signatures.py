@@ -1,5 +1,5 @@
 """A drop-in stands in for one of verl's functions exactly when every call verl's function accepts binds the same
-way to the drop-in (``signatures.incompatibility``), and a signature read from source is the function's own.
+way to the drop-in (``patching.incompatibility``), and a signature read from source is the function's own.
 
 The oracle is Python's own binding: random signatures and random calls, bound with ``inspect.Signature.bind``.
 """
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from verl_cppack.integrations.verl.signatures import VerlFunction, incompatibility, signature_from_source
+from verl_cppack.integrations.verl.patching import VerlFunction, incompatibility, signature_from_source
 
 P = inspect.Parameter
 NAMES = ("a", "b", "c", "d", "e")

@@ -117,7 +117,7 @@ def test_a_view_with_holes_is_read_by_its_real_lengths(context):
         (
             lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids, 1.5),
             TypeError,
-            "pad_token_id must be an int for torch.int64",
+            "pad_token_id must be an int token id, got float",
         ),
         (lambda ids: vlm_masks.build_vlm_attn_mask_thd(ids, True), TypeError, "pad_token_id must be an int"),
         (

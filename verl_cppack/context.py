@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _require_positive_int(name: str, value: object) -> None:
+def _require_int(name: str, value: object, minimum: int | None = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 _NOT_A_GROUP = (str, bytes, int, float, complex)  # never a process group, whatever torch.distributed would answer
@@ -30,12 +30,9 @@ def _refuse_non_group(cp_group: object) -> None:
 
 
 def group_size_and_rank(cp_group: object) -> tuple[int, int]:
-    """``(size, this process's rank)`` of ``cp_group`` as ``torch.distributed`` answers them — the module as the
-    caller's process has it (a test that stands in its own ``get_world_size`` / ``get_rank`` is asked too).
-
-    A group is whatever ``torch.distributed`` accepts as one: its failure to answer becomes a ``TypeError``
-    naming ``cp_group``; a string or a number is refused before it is asked.
-    """
+    """``(size, this process's rank)`` of ``cp_group`` as the caller's ``torch.distributed`` answers them (a
+    stand-in ``get_world_size`` / ``get_rank`` is asked too); a failure to answer, or a string or number, is a
+    ``TypeError`` naming ``cp_group``."""
     _refuse_non_group(cp_group)
     import torch.distributed as dist
 
@@ -59,14 +56,10 @@ def group_size_and_rank(cp_group: object) -> tuple[int, int]:
 class ParallelContext:
     """Tensor- and context-parallel sizes of the calling rank.
 
-    ``cp_group`` is the process group the CP ranks all-gather over; it may stay ``None`` while
-    ``cp_size == 1`` (nothing is communicated) and must be set before a collective with ``cp_size > 1``. A group
-    given by hand is checked by behaviour when the context is made: ``torch.distributed`` must tell its size and
-    this process's rank in it (``group_size_and_rank``); ``check_group`` compares them with ``cp_size`` /
-    ``cp_rank``. ``group_from_megatron=True``: ``cp_size`` / ``cp_rank`` are megatron's answers for ``cp_group``
-    and are trusted as verl trusts them (``torch.distributed`` is not asked; verl's own unit tests stand in a
-    group torch.distributed does not know).
-    """
+    ``cp_group`` (the CP all-gather group) may stay ``None`` while ``cp_size == 1``. A group given by hand must tell its
+    size and this process's rank through ``torch.distributed`` when the context is made (``check_group`` compares them);
+    with ``group_from_megatron=True`` megatron's answers are trusted as verl trusts them (verl's unit tests stand in a
+    group torch.distributed does not know)."""
 
     tp_size: int = 1
     cp_size: int = 1
@@ -79,10 +72,9 @@ class ParallelContext:
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _require_positive_int("tp_size", self.tp_size)
-        _require_positive_int("cp_size", self.cp_size)
-        if isinstance(self.cp_rank, bool) or not isinstance(self.cp_rank, int):
-            raise TypeError(f"cp_rank must be an int, got {type(self.cp_rank).__name__} ({self.cp_rank!r})")
+        _require_int("tp_size", self.tp_size)
+        _require_int("cp_size", self.cp_size)
+        _require_int("cp_rank", self.cp_rank, minimum=None)  # the range is checked next, naming both
         if not 0 <= self.cp_rank < self.cp_size:
             raise ValueError(
                 f"cp_rank must satisfy 0 <= cp_rank < cp_size, got cp_rank={self.cp_rank}, cp_size={self.cp_size}"

@@ -1,11 +1,8 @@
 """Per-token log-probs (and entropy) of a padded ``[B, S]`` batch: plan -> CP slice -> model -> gather back.
 
-The path verl's actor and reference model take on Megatron: pack the valid tokens into the padded THD
-stream, keep this CP rank's rows, run the model with THD ``PackedSeqParams``, take log-probs of the
-next token inside the same sequence (the plan's ``shift=1``, on the global stream before the CP cut),
-and all-gather the per-token results back to ``[B, S]`` on every CP rank (gather-back contract: the
-gradient reaches only this rank's rows, docs/design.md).
-"""
+The path verl's actor and reference take on Megatron: pack the valid tokens, keep this CP rank's rows, run the model
+with THD ``PackedSeqParams``, score the next token of the same sequence (the plan's ``shift=1``) and all-gather the
+results back to ``[B, S]`` (the gradient reaches only this rank's rows)."""
 
 from __future__ import annotations
 
@@ -31,15 +28,11 @@ def compute_logprobs(
     with_entropy: bool = False,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``input_ids`` / ``attention_mask`` ``[B, S]`` -> (``log_probs`` ``[B, S]``, ``entropy`` ``[B, S]`` or None), float32.
+    """``input_ids`` / ``attention_mask`` ``[B, S]`` -> (``log_probs``, ``entropy`` or None), ``[B, S]`` float32.
 
-    ``log_probs[b, s]`` is log p(next valid token of row ``b`` | its prefix up to ``s``) at temperature
-    ``temperature`` (verl's convention: position ``s`` scores token ``s+1``). It is 0 at padding and at
-    each row's last valid token (no next token). ``entropy[b, s]`` is the entropy of the next-token
-    distribution at every valid position, 0 at padding. Differentiable w.r.t. the model parameters.
-    ``model`` is a Megatron ``GPTModel`` (or anything with its THD call signature returning logits
-    ``[1, T_local, vocab]``) built on the same CP group as ``ctx``; ``ctx.tp_size`` must be 1.
-    """
+    ``log_probs[b, s]`` is log p(next valid token | prefix up to ``s``) at ``temperature`` (verl's convention), 0 at
+    padding and at each row's last valid token; ``entropy`` of the next-token distribution, 0 at padding. ``model``: a
+    Megatron ``GPTModel`` (or the same THD call returning ``[1, T_local, vocab]``) on ``ctx``'s CP group; TP must be 1."""
     require_tensor("input_ids", input_ids)
     require_tensor("attention_mask", attention_mask)
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:

@@ -5,11 +5,8 @@ Use it as verl's external library, so every worker imports it::
     actor_rollout_ref.model.external_lib=verl_cppack.verl_plugin      # the critic follows the actor's model
     VERL_USE_EXTERNAL_MODULES=verl_cppack.verl_plugin                 # or through the environment
 
-It imports nothing of verl or megatron (the environment variable runs it while ``verl/__init__`` is still
-importing); verl's util module is patched when it loads. ``VERL_CPPACK_DISABLE=1`` leaves verl's util
-functions untouched. With ``VERL_PLATFORM=cpu`` it also arms the CPU support for verl's trainer
-(``verl_cppack.runtime``), which is never armed otherwise.
-"""
+It imports nothing of verl or megatron (verl's util module is patched when it loads); ``VERL_CPPACK_DISABLE=1``
+leaves verl untouched. With ``VERL_PLATFORM=cpu`` it also arms the CPU runtime (``verl_cppack.runtime``)."""
 
 import importlib.util
 

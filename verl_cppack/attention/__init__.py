@@ -1,12 +1,6 @@
-"""Causal attention over a packed THD stream, with context parallelism, as a CPU-checkable reference.
-
-- ``reference_attention``: slow per-document oracle on the global stream;
-- ``allgather_kv_attention``: CP by all-gathering K/V (any layout);
-- ``ring_attention``: zigzag ring with TE's three-case schedule and a stable log-sum-exp merge;
-- ``context_parallel_attention``: pick one of the two by name;
-- ``verl_cppack.attention.core_attention``: the Megatron ``core_attention`` module using them (and
-  Transformer Engine's attention instead when CUDA and TE are present).
-"""
+"""Causal attention over a packed THD stream with context parallelism, as a CPU-checkable reference:
+``reference_attention`` (per-document oracle), ``allgather_kv_attention`` (any layout), ``ring_attention`` (zigzag,
+TE's schedule), ``context_parallel_attention`` (one of the two by name); ``core_attention`` is the Megatron module."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """CP attention by all-gathering K/V: exact and simple.
 
-Each rank gathers every rank's K/V (one collective, rank-major), places every key on the global stream
-through the layout's partition, and attends its local queries against all of them. The backward of the
-gather sums the K/V gradients over the CP group and keeps this rank's rows (``all_gather_rank_major``
-with ``gradient="sum"``), which is exactly the gradient of the global computation.
-"""
+Each rank gathers every rank's K/V (rank-major), places every key on the global stream through the layout's
+partition and attends its local queries against all of them; the gather's backward sums the K/V gradients over the
+CP group and keeps this rank's rows (``gradient="sum"``), the gradient of the global computation."""
 
 from __future__ import annotations
 
@@ -31,10 +29,9 @@ def allgather_kv_attention(
     max_seqlen: int | None = None,
 ) -> torch.Tensor:
     """Local q ``[t, h, d]``, k/v ``[t, g, d]`` (this rank's rows of the padded stream cut by ``layout``)
-    -> ``[t, h, d]`` in q's dtype. ``cu_seqlens_padded`` is global; ``cu_seqlens`` (optional) gives the
-    per-slot attention lengths (default: whole slots, verl's convention); ``max_seqlen`` their maximum
-    (Megatron's ``max_seqlen_q``; computed with one host sync when omitted). ``cp_size * t`` must equal
-    ``cu_seqlens_padded[-1]`` (not checked: it would cost a host sync per layer)."""
+    -> ``[t, h, d]`` in q's dtype. ``cu_seqlens_padded`` is global; ``cu_seqlens`` the per-slot attention lengths
+    (default: whole slots, verl's convention); ``max_seqlen`` their maximum (one host sync when omitted).
+    ``cp_size * t`` must equal ``cu_seqlens_padded[-1]`` (not checked: a host sync per layer)."""
     scale, lengths, width, partition, query = local_attention_setup(
         q, k, v, cu_seqlens_padded, cu_seqlens, ctx.cp_rank, ctx.cp_size, layout, softmax_scale, max_seqlen
     )

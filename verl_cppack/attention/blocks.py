@@ -1,14 +1,9 @@
 """Masked attention of a query block against a key block, and the stable log-sum-exp merge.
 
-Every CP implementation is a schedule of such blocks: key ``k`` is kept for query ``q`` only when both
-sit in the same slot, ``k`` does not lie after ``q`` (causal), and both lie inside the slot's attention
-length (``cu_seqlens_q``: the padded length in verl's convention, the real length when padding should be
-skipped). A query with no admissible key in a block gets output 0 and ``lse = -inf``; a query with none
-at all ends as 0.
-
-``slot_attention`` batches a block by slot: rows are scattered to ``[slots, L, ...]`` by their in-slot
-offset (``L`` = the longest attention length), so the cost is ``slots * L^2`` like padded BSHD rather
-than ``rows^2``. It is a CPU reference (plain einsum + masked softmax), not a kernel.
+Key ``k`` is kept for query ``q`` only in the same slot, not after ``q`` (causal) and inside the slot's attention
+length; a query with no admissible key gets output 0 and ``lse = -inf``. ``slot_attention`` scatters rows to
+``[slots, L, ...]`` by in-slot offset, so the cost is ``slots * L^2`` (padded BSHD), not ``rows^2``. A CPU reference
+(einsum + masked softmax), not a kernel.
 """
 
 from __future__ import annotations
@@ -30,17 +25,10 @@ def expand_groups(kv: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def attention_block(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor,
-    softmax_scale: float,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, softmax_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q ``[..., tq, h, d]``, k/v ``[..., tk, h, d]`` (groups expanded), mask ``[..., tq, tk]`` ->
-    (out ``[..., tq, h, d]`` float32, lse ``[..., h, tq]`` float32; ``-inf`` where a query sees no key).
-
-    Written so that fully masked rows have finite gradients (no ``logsumexp`` of an all ``-inf`` row).
-    """
+    """q ``[..., tq, h, d]``, k/v ``[..., tk, h, d]``, mask ``[..., tq, tk]`` -> (out ``[..., tq, h, d]``, lse
+    ``[..., h, tq]``) float32, ``lse = -inf`` where a query sees no key; fully masked rows keep finite gradients."""
     scores = torch.einsum("...qhd,...khd->...hqk", q.float(), k.float()) * softmax_scale  # [..., h, tq, tk]
     scores = scores.masked_fill(~mask.unsqueeze(-3), float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True)  # [..., h, tq, 1]
@@ -66,14 +54,10 @@ def slot_attention(
     *,
     with_lse: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Query rows q ``[tq, h, d]`` against key rows k/v ``[tk, h, d]`` (any subsets of the global stream,
-    each row placed by ``query`` / ``key`` coordinates) -> (out ``[tq, h, d]``, lse ``[h, tq]``) float32.
-
-    ``attention_lengths`` ``[slots]``; ``max_length`` must be >= its maximum (the batch width ``L``, like
-    TE's ``max_seqlen``). Rows at or past their slot's attention length take no part (output 0, ``lse = -inf``).
-    ``with_lse=False`` (nothing to merge) runs torch's fused ``scaled_dot_product_attention`` and returns
-    ``lse = None``.
-    """
+    """Query rows q ``[tq, h, d]`` against key rows k/v ``[tk, h, d]`` (placed by ``query`` / ``key``
+    coordinates) -> (out ``[tq, h, d]``, lse ``[h, tq]``) float32. ``max_length`` >= the longest of
+    ``attention_lengths`` ``[slots]``; rows past their slot's length get 0 / ``-inf``. ``with_lse=False`` runs torch's
+    fused ``scaled_dot_product_attention`` and returns ``lse = None``."""
     slots, width = attention_lengths.numel(), max_length
     sink = slots * width  # one extra row collects everything outside the batch
     query_cell = _batch_cell(query, attention_lengths, width, sink)  # [tq]
@@ -116,11 +100,8 @@ def _scatter_rows(x: torch.Tensor, cell: torch.Tensor, sink: int) -> torch.Tenso
 
 
 def merge_blocks(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Combine partial attentions over disjoint key sets: ``out = sum_i exp(lse_i - lse) * out_i``.
-
-    outs ``[tq, h, d]``, lses ``[h, tq]`` -> (out ``[tq, h, d]``, lse ``[h, tq]``). Stable: exponents are
-    taken relative to the row maximum; rows with ``lse = -inf`` everywhere come out as 0 / ``-inf``.
-    """
+    """Combine partial attentions over disjoint key sets, ``out = sum_i exp(lse_i - lse) * out_i``, stably:
+    outs ``[tq, h, d]``, lses ``[h, tq]`` -> (out ``[tq, h, d]``, lse ``[h, tq]``); rows unseen everywhere give 0 / -inf."""
     stacked_lse = torch.stack(list(lses))  # [blocks, h, tq]
     top = stacked_lse.amax(dim=0, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()

@@ -1,10 +1,7 @@
 """Where every row of a (local) THD stream sits: its slot and its offset inside the slot.
 
-Attention needs, for each query and key row, the sequence (slot) that owns it and its position inside
-that slot. Both follow from ``cu_seqlens_padded`` and the CP layout (``Layout.partition``, the same cut
-the packing plan uses), so nothing here re-derives the cut; it only reads positions off it. No host sync:
-the stream total is ``cp_size * local_rows``, known from the tensor shapes.
-"""
+Both follow from ``cu_seqlens_padded`` and the CP layout's ``partition`` (the cut the packing plan uses), read
+without a host sync: the stream total is ``cp_size * local_rows``."""
 
 from __future__ import annotations
 
@@ -46,11 +43,8 @@ def rank_partition(
 def zigzag_half_rows(
     cu_seqlens_padded: torch.Tensor, local_rows: int, cp_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Local rows of the first and of the second zigzag chunk of every slot, each ``[local_rows // 2]``.
-
-    Under the zigzag layout each rank holds, per slot, chunk ``r`` then chunk ``2*CP-1-r`` of equal
-    length, so every rank's local stream splits into the same two halves (TE's ``thd_read_half_tensor``).
-    """
+    """Local rows of the first and of the second zigzag chunk of every slot, each ``[local_rows // 2]``
+    (TE's ``thd_read_half_tensor``)."""
     cu = cu_seqlens_padded.long()
     local_start = cu[:-1] // cp_size  # [n] slot start in the local stream
     chunk = (cu[1:] - cu[:-1]) // (2 * cp_size)  # [n]

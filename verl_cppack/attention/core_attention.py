@@ -1,15 +1,9 @@
 """Megatron ``core_attention`` module: packed (THD) causal attention with context parallelism on any device.
 
-Megatron builds it as ``core_attention(config=, layer_number=, attn_mask_type=, attention_type=,
-cp_comm_type=, softmax_scale=, pg_collection=)`` and calls it as ``(query, key, value, attention_mask,
-attn_mask_type=, attention_bias=, packed_seq_params=)``. In THD mode q is ``[t, heads, dim]`` and k/v are
-``[t, groups, dim]`` for this CP rank's ``t`` rows, ``cu_seqlens_*_padded`` global; the output is
-``[t, heads*dim]``. Without ``packed_seq_params`` (BSHD, CP=1 only) q is ``[s, b, heads, dim]`` and the
-output ``[s, b, heads*dim]``. The CP group comes from ``pg_collection.cp`` (Megatron's own).
-
-The stock local ``DotProductAttention`` rejects THD and CP; TE's needs CUDA. With CUDA and TE present
-this module hands every call to TE (``te_dispatch``) unless built with ``use_te=False``.
-"""
+Built and called with Megatron's ``core_attention`` arguments. THD: q ``[t, heads, dim]``, k/v ``[t, groups, dim]``
+for this CP rank's rows, ``cu_seqlens_*_padded`` global, output ``[t, heads*dim]``; without ``packed_seq_params``
+(BSHD, CP=1): q ``[s, b, heads, dim]``, output ``[s, b, heads*dim]``. The CP group is ``pg_collection.cp``. The stock
+local attention rejects THD and CP; with CUDA and TE every call goes to TE (``te_dispatch``) unless ``use_te=False``."""
 
 from __future__ import annotations
 

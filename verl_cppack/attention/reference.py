@@ -1,8 +1,5 @@
-"""Slow, obviously-correct oracle: causal scaled-dot-product attention run document by document.
-
-Deliberately a Python loop over slots (it is the thing the fast paths are checked against, never a hot
-path). Inputs are the *global* (unsliced) THD stream.
-"""
+"""Slow, obviously-correct oracle: causal attention document by document on the global THD stream (a Python
+loop over slots: what the fast paths are checked against, never a hot path)."""
 
 from __future__ import annotations
 
@@ -20,12 +17,8 @@ def reference_attention(
     cu_seqlens: torch.Tensor | None = None,
     softmax_scale: float | None = None,
 ) -> torch.Tensor:
-    """q ``[T, h, d]``, k/v ``[T, g, d]`` on the global stream -> ``[T, h, d]`` (float32).
-
-    Slot ``i`` is ``[cu_seqlens_padded[i], cu_seqlens_padded[i+1])``; its first ``L_i`` rows attend
-    causally among themselves, ``L_i`` from ``cu_seqlens`` (default: the whole slot, verl's convention).
-    Rows past ``L_i`` are 0.
-    """
+    """q ``[T, h, d]``, k/v ``[T, g, d]`` on the global stream -> ``[T, h, d]`` (float32): slot ``i``'s first
+    ``L_i`` rows (``cu_seqlens``; default the whole slot) attend causally among themselves, the rest are 0."""
     num_heads = q.shape[1]
     k, v = expand_groups(k, num_heads), expand_groups(v, num_heads)
     starts = cu_seqlens_padded[:-1].tolist()

@@ -1,20 +1,9 @@
 """Zigzag ring attention: K/V travel around the CP ring by point-to-point send/recv.
 
-Transformer Engine's schedule for the zigzag ("DualChunkSwap") layout, where rank ``r`` holds chunks
-``r`` and ``2*CP-1-r`` of every slot. At step ``i`` rank ``r`` holds the K/V of rank ``s = (r - i) mod CP``:
-
-- ``i == 0`` (diagonal): all local queries against all local keys, causal inside the slot;
-- ``0 < i <= r`` (``s < r``): all local queries against the *first* half of the received K/V (chunk
-  ``s`` precedes both local chunks; chunk ``2*CP-1-s`` follows them);
-- ``i > r`` (``s > r``): only the *second* half of the local queries (chunk ``2*CP-1-r``) against all
-  received K/V (both received chunks precede it; chunk ``r`` precedes neither).
-
-Partial results are combined with the numerically stable log-sum-exp merge (``blocks.merge_blocks``).
-The backward is autograd through the blocks and through the ring shift, whose backward sends the K/V
-gradient the other way round the ring (TE's dK/dV ring). Every block still applies the generic
-same-slot/causal/length mask (``blocks.slot_attention``), so slot boundaries and short slots need no
-special case.
-"""
+Transformer Engine's schedule for the zigzag layout (rank ``r`` holds chunks ``r`` and ``2*CP-1-r`` of every slot):
+at step ``i`` rank ``r`` holds rank ``s = (r - i) mod CP``'s K/V; ``i == 0`` all local queries against all local
+keys, ``s < r`` against the first half of the received K/V, ``s > r`` only the second half of the local queries against
+all of it. Blocks merge by log-sum-exp; the ring shift's backward sends the K/V gradient the other way round."""
 
 from __future__ import annotations
 

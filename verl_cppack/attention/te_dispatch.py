@@ -1,10 +1,8 @@
 """Transformer Engine dispatch: on CUDA with TE installed, the real fused CP attention replaces ours.
 
-Import-guarded: nothing here imports TE unless it is present and CUDA is available, so CPU installs
-never touch it. ``build_te_core_attention`` returns Megatron's ``TEDotProductAttention`` built with the
-very arguments Megatron gave our module, so the same layer spec runs TE on a GPU node and the CPU
-reference elsewhere (a GPU run can compare the two by building one model with ``use_te=False``).
-"""
+``build_te_core_attention`` returns Megatron's ``TEDotProductAttention`` built with the arguments Megatron gave our
+module (nothing imports TE unless it is present and CUDA is available), so one layer spec runs TE on a GPU node and
+the CPU reference elsewhere."""
 
 from __future__ import annotations
 

@@ -74,8 +74,8 @@ FUNCTIONS = ("legacy", "engine")
 @dataclass(frozen=True)
 class BenchSettings:
     """The default grid is the sizes context-parallel users run: one to a few long sequences per micro-batch
-    (B=1, 4) up to the large batches of short rollouts (B=256). A full default run took 6 minutes on a 2-core CPU
-    machine."""
+    (B=1, 4) up to the large batches of short rollouts (B=256). A full default run takes 5-9 minutes on a 2-core CPU
+    machine (9 with its 1-minute load average at 3-6)."""
 
     batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
     seq_lens: tuple[int, ...] = (1024, 4096, 8192)

@@ -71,8 +71,7 @@ def generation_from_source(path: Path) -> dict[str, Any]:
     drop-ins stand in for (``replaceable``) and those left to verl with the reason (``left_to_verl``), as
     ``install`` would decide them (``patching.plan_replacements``)."""
     from verl_cppack.integrations.verl.comparison import NOT_PACKING
-    from verl_cppack.integrations.verl.patching import DROPINS, detect_generation, plan_replacements
-    from verl_cppack.integrations.verl.signatures import VerlFunction
+    from verl_cppack.integrations.verl.patching import DROPINS, VerlFunction, detect_generation, plan_replacements
 
     tree = ast.parse(path.read_text())
     defined = [node for node in tree.body if isinstance(node, ast.FunctionDef)]

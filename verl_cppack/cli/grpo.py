@@ -1,12 +1,9 @@
 """``verl-cppack grpo``: GRPO through verl's own trainer (``verl.trainer.main_ppo``) on this machine's CPU.
 
-verl's GSM8K GRPO recipe (``recipes/gsm8k_grpo_megatron_cp2.sh``) with a CPU overlay: a tiny Llama and a
-counting task made locally, the Megatron actor and reference at context parallelism --cp (packed THD, zigzag
-slicing by verl_cppack), verl's vLLM rollout on vLLM's CPU build (``--rollout hf``: Hugging Face generate), a local
-Ray cluster (or --address). Extra arguments are Hydra overrides of verl's trainer config and win over both. Exit
-codes: 0 done, 2 bad input (nothing started), 3 the trainer or Ray failed, 130 interrupted (the trainer and its Ray
-cluster stopped).
-"""
+verl's GSM8K GRPO recipe with a CPU overlay: a tiny Llama and a counting task made locally, the Megatron actor and
+reference at context parallelism --cp, verl's vLLM rollout on vLLM's CPU build (``--rollout hf``: Hugging Face
+generate), a local Ray cluster (or --address). Extra arguments are Hydra overrides, applied last. Exit codes: 0 done,
+2 bad input (nothing started), 3 the trainer or Ray failed, 130 interrupted."""
 
 from __future__ import annotations
 

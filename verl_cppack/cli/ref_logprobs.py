@@ -1,16 +1,11 @@
 """``verl-cppack ref-logprobs``: reference log-probs of prompt/response pairs through verl's Megatron engine.
 
-Spawns --cp gloo processes on this machine; each builds verl's forward-only (reference) Megatron engine on the
-Hugging Face checkpoint --model (default: the tiny counting model, made and cached on first use) with
-verl_cppack's drop-ins and the CPU support, and scores the response tokens as verl's reference worker does
-(``left_right_2_no_padding`` -> ``infer_batch`` -> ``no_padding_2_padding``), packed THD, zigzag-sliced at CP>1.
-Input rows hold integer lists ``prompt_ids`` and ``response_ids`` (.jsonl or .parquet), or --synthetic N random
-pairs. Writes DIR/ref_logprobs.jsonl (prompt_ids, response_ids, ref_log_probs per row), DIR/summary.json and
-each worker's own output in DIR/worker-<rank>.log.
+Spawns --cp gloo processes, each with verl's forward-only Megatron engine on --model (default: the tiny counting
+model) and verl_cppack's drop-ins, scoring the responses as verl's reference worker does (packed THD, zigzag at CP>1).
+Input: integer lists prompt_ids and response_ids (.jsonl or .parquet), or --synthetic N random pairs. Writes
+DIR/ref_logprobs.jsonl, DIR/summary.json and DIR/worker-<rank>.log.
 
-Exit codes: 0 done; 2 bad input (nothing started); 3 a worker failed (the others are stopped); 130 interrupted
-(every worker stopped).
-"""
+Exit codes: 0 done; 2 bad input (nothing started); 3 a worker failed (the others stopped); 130 interrupted."""
 
 from __future__ import annotations
 
@@ -56,9 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--model", default=None, help="Hugging Face checkpoint directory (default: the tiny counting model)"
-    )
+    parser.add_argument("--model", help="Hugging Face checkpoint directory (default: the tiny counting model)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--input", dest="input_path", help=".jsonl or .parquet with integer-list columns prompt_ids and response_ids"
@@ -66,10 +59,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--synthetic", type=int, default=64, help="score N random pairs instead (default 64)")
     parser.add_argument("--cp", type=int, default=2, help="context-parallel size = gloo processes (default 2)")
     parser.add_argument("--micro-batch-size", type=int, default=8, help="rows per infer_batch call (default 8)")
-    parser.add_argument(
-        "--output",
-        default="runs/ref-logprobs",
-        help="output directory (default runs/ref-logprobs); a non-empty one gets a fresh run-* subdirectory",
-    )
+    parser.add_argument("--output", default="runs/ref-logprobs", help="output directory (a non-empty one gets a run-*)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --synthetic pairs and of Megatron (default 0)")
     parser.set_defaults(func=run)

@@ -60,14 +60,9 @@ def add_job_arguments(parser: argparse.ArgumentParser, kind: JobKind, defaults: 
         help=f"vllm: verl's vLLM rollout on vLLM's CPU build; hf: Hugging Face generate (default {d.rollout})",
     )
     parser.add_argument(
-        "--verbose", action="store_true", help="also print the trainer's own output (always in trainer.log)"
+        "--verbose", action="store_true", help="also print the trainer's output (always in trainer.log)"
     )
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="HYDRA_OVERRIDE",
-        help="KEY=VALUE overrides of verl's trainer config, applied last",
-    )
+    parser.add_argument("overrides", nargs="*", metavar="HYDRA_OVERRIDE", help="verl config overrides, applied last")
 
 
 def settings_from_args(args: argparse.Namespace) -> JobSettings:

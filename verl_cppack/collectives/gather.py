@@ -16,9 +16,8 @@ GradientContract = Literal["local", "sum"]
 
 def all_gather_into(output: torch.Tensor, local: torch.Tensor, group: Any, cp_size: int | None = None) -> None:
     """Every rank's ``local`` ``[T_local, *]`` into ``output`` ``[cp_size * T_local, *]`` (rank 0 first): one
-    ``torch.distributed.all_gather`` called as verl calls it, blocking, with this rank's rows as ``[1, T_local, *]``
-    (the shape of verl's local output) into one such buffer per rank — views of ``output``, so nothing is copied
-    after. Whoever wraps ``torch.distributed.all_gather`` (a profiler, verl's unit tests) sees every call."""
+    blocking ``torch.distributed.all_gather`` called as verl calls it (``[1, T_local, *]`` buffers, views of ``output``),
+    so whoever wraps it (a profiler, verl's unit tests) sees every call."""
     if cp_size is None:
         cp_size = output.shape[0] // local.shape[0]
     buffers = output.view(cp_size, 1, *local.shape).unbind(0)  # cp_size x [1, T_local, *]
@@ -45,11 +44,7 @@ class _AllGatherRankMajor(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx,
-        local: torch.Tensor,
-        parallel: ParallelContext,
-        contract: str,
-        while_waiting: Callable[[], object] | None,
+        ctx, local: torch.Tensor, parallel: ParallelContext, contract: str, while_waiting: Callable[[], object] | None
     ) -> torch.Tensor:
         ctx.parallel, ctx.contract, ctx.local_length = parallel, contract, local.shape[0]
         return _gathered(local, parallel, while_waiting)
@@ -68,11 +63,8 @@ def all_gather_rank_major(
 ) -> torch.Tensor:
     """``local`` [T_local, *] on every rank -> ``[cp_size * T_local, *]``, rank 0's rows first.
 
-    ``gradient="local"`` (verl / Megatron loss scaling): the backward passes this rank's slice of the
-    incoming gradient to ``local`` and nothing else. ``gradient="sum"`` (Megatron-RL, NeMo-RL, OpenRLHF):
-    incoming gradients are summed over the CP group first; it is ``cp_size`` times the other when every
-    rank computes the same loss.
-    """
+    Backward: ``gradient="local"`` (verl / Megatron) passes this rank's slice of the incoming gradient; ``"sum"``
+    (Megatron-RL, NeMo-RL, OpenRLHF) sums the incoming gradients over the CP group first."""
     local = require_tensor("local", local)
     require_context(ctx, allow_none=False)
     _check_contract(gradient)

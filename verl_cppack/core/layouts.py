@@ -9,6 +9,7 @@ positions themselves, ``[cp_size, T / cp_size]``, whose rows concatenated are a 
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,16 +113,25 @@ class ZigzagLayout(Layout):
             return Runs.whole_slots(cu_seqlens_padded)
         # Rank r holds, for every slot, its front chunk r then its back chunk 2*CP-1-r: runs [R, n, 2] in that order.
         chunk = (cu_seqlens_padded[1:] - cu_seqlens_padded[:-1]) // (2 * cp_size)  # [n] chunk length of each slot
-        rank = np.asarray(ranks, np.int64).reshape(-1, 1, 1)  # [R, 1, 1]
-        chunk_id = rank + _FRONT_BACK * (2 * cp_size - 1 - 2 * rank)  # [R, 1, 2]: r, then 2*CP-1-r
-        slot = counting(chunk_id.size * chunk.size) // 2 % max(chunk.size, 1)  # [R*n*2]
+        slot, chunk_id = _zigzag_pattern(cp_size, tuple(ranks), chunk.size)
         length = chunk[slot]
         return Runs(
             slot=slot,
-            offset=(chunk_id * length.reshape(rank.size, chunk.size, 2)).reshape(-1),
+            offset=(chunk_id * length.reshape(len(chunk_id), chunk.size, 2)).reshape(-1),
             length=length,
-            total=rank.size * (int(cu_seqlens_padded[-1]) // cp_size),
+            total=len(chunk_id) * (int(cu_seqlens_padded[-1]) // cp_size),
         )
+
+
+@functools.lru_cache(maxsize=32)
+def _zigzag_pattern(cp_size: int, ranks: tuple[int, ...], slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(slot [R*n*2], chunk_id [R, 1, 2])`` of the zigzag runs of ``ranks`` over ``slots`` slots, read-only: what
+    depends on the batch size alone, made once per size (micro-batches of one size share it)."""
+    rank = np.asarray(ranks, np.int64).reshape(-1, 1, 1)  # [R, 1, 1]
+    chunk_id = rank + _FRONT_BACK * (2 * cp_size - 1 - 2 * rank)  # [R, 1, 2]: r, then 2*CP-1-r
+    slot = counting(chunk_id.size * slots) // 2 % max(slots, 1)  # [R*n*2]
+    slot.flags.writeable = chunk_id.flags.writeable = False
+    return slot, chunk_id
 
 
 class ContiguousLayout(Layout):

@@ -1,12 +1,8 @@
 """Run a callback on a module the moment it has finished executing, whether it is imported now or later.
 
-``after_import("verl.workers.engine_workers", fix)`` calls ``fix(module)`` at once if the module is loaded
-(and done initialising), otherwise right after its body runs, before the importer gets it back. Nothing is
-imported to find out: a ``sys.meta_path`` finder wraps the module's loader when it is first found. An
-exception raised by a callback propagates through the import, so a fix that refuses stops the import loudly.
-
-``around_import(name, scope)`` runs a module's body (the first time it is imported) inside ``with scope():``.
-"""
+``after_import(name, fix)`` calls ``fix(module)`` at once if the module is loaded, else right after its body runs (a
+``sys.meta_path`` finder wraps its loader; nothing is imported to find out); a callback's exception propagates
+through the import. ``around_import(name, scope)`` runs a module's body inside ``with scope():``."""
 
 from __future__ import annotations
 

@@ -60,16 +60,13 @@ def packed_seq_params_fields(cls: type) -> frozenset[str]:
     return frozenset(p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)) - {"self"}
 
 
-@functools.lru_cache(maxsize=4)
-def _takes_any_keyword(cls: type) -> bool:
-    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
-
-
 @functools.lru_cache(maxsize=64)
 def packed_seq_params_accepts(cls: type, name: str) -> bool:
     """Whether ``cls(name=...)`` is accepted, decided as verl 0.9.1 does: a named field, or ``**kwargs`` in
     ``__init__`` (duck-typed stand-ins)."""
-    return name in packed_seq_params_fields(cls) or _takes_any_keyword(cls)
+    if name in packed_seq_params_fields(cls):
+        return True
+    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
 
 
 def packed_seq_params_arguments(
@@ -77,11 +74,9 @@ def packed_seq_params_arguments(
 ) -> tuple[type, dict[str, Any]]:
     """The class and keyword arguments of a THD ``PackedSeqParams`` with global (not CP-divided) offsets.
 
-    By default ``cu_seqlens_q/kv`` are the padded offsets, as verl passes them (padding tokens attend
-    inside their own slot and are discarded later). ``real_seqlens_in_attention=True`` passes the real
-    ``cu_seqlens`` instead so attention kernels that support it skip the padding. Every field is passed that
-    the class accepts (named, or through ``**kwargs`` as verl allows); ``cp_partition_mode`` whenever accepted,
-    and a non-zigzag layout with CP>1 needs it, as in verl.
+    ``cu_seqlens_q/kv`` are the padded offsets, as verl passes them, or with ``real_seqlens_in_attention`` the real
+    ones (kernels that support it skip the padding). Every field the class accepts is passed (named, or through
+    ``**kwargs`` as verl allows); a non-zigzag layout with CP>1 needs ``cp_partition_mode``, as in verl.
     """
     cls = packed_seq_params_class()
     cu_attention = plan.cu_seqlens if real_seqlens_in_attention else plan.cu_seqlens_padded
@@ -109,17 +104,13 @@ def packed_seq_params_later_fields(
     plan: PackPlan, cls: type, *, real_seqlens_in_attention: bool = False, include_total_tokens: bool = False
 ) -> dict[str, Any]:
     """The fields megatron-core added after 0.16 (0.17: ``total_tokens``, ``seq_idx``; 0.19: ``tokens_per_sample``,
-    ``pad_between_seqs``) of ``plan``'s ``PackedSeqParams`` of class ``cls``, computed without a host sync. They are
-    set on the made object, never passed to the class: megatron's ``__post_init__`` would derive ``seq_idx`` from
-    ``total_tokens`` with a ``repeat_interleave`` that reads the lengths back to the host.
+    ``pad_between_seqs``) for ``plan``, computed without a host sync and set on the made object, never passed to
+    ``cls`` (its ``__post_init__`` would derive ``seq_idx`` with a ``repeat_interleave`` that syncs).
 
-    - ``pad_between_seqs`` (a field of ``cls``): what Transformer Engine would otherwise compute in every attention
-      layer with a ``torch.equal`` — whether ``cu_seqlens_q/kv`` differ from the padded offsets before the last;
-    - ``tokens_per_sample`` (a field of ``cls``): this rank's row length ``T / CP``, the packed micro-batch being one
-      sample (megatron-core's own packed batches set it to the rank's padded row length);
-    - with ``include_total_tokens`` (``cls`` must accept both): ``total_tokens`` = ``T``, the global padded stream
-      length, and ``seq_idx`` ``[1, T]`` int32, the sequence owning every global position — megatron-core's
-      ``__post_init__`` result for that ``total_tokens``, with which hybrid Mamba layers reset their state.
+    ``pad_between_seqs``: whether ``cu_seqlens_q/kv`` differ from the padded offsets before the last (what TE would
+    compute per layer with a ``torch.equal``); ``tokens_per_sample``: this rank's row length ``T / CP``; with
+    ``include_total_tokens``: ``total_tokens`` = ``T`` and ``seq_idx`` ``[1, T]`` int32, the sequence of every global
+    position (megatron's own ``__post_init__`` result, with which hybrid Mamba layers reset their state).
     """
     fields = packed_seq_params_fields(cls)
     later: dict[str, Any] = {}
@@ -166,9 +157,9 @@ def packed_seq_params(
     return params
 
 
-# (TP size, CP size, CP rank, id of the CP group) -> (the group, its context): a context is built (and its group
-# checked) once per distinct answer of megatron's getters; a re-initialised parallel state gives new groups.
-_CONTEXTS: dict[tuple[int, int, int, int], tuple[Any, ParallelContext]] = {}
+# (TP size, CP size, CP rank or None for dynamic CP, id of the CP group) -> (the group, its context): a context is
+# built once per distinct answer of megatron's getters; a re-initialised parallel state gives new groups.
+_CONTEXTS: dict[tuple[int, int, int | None, int], tuple[Any, ParallelContext]] = {}
 
 PARALLEL_STATE = "megatron.core.parallel_state"
 
@@ -205,11 +196,18 @@ def parallel_context_from_megatron() -> ParallelContext:
         raise ValueError(_NOT_INITIALISED.format(detail=f" ({type(error).__name__}: {error})")) from error
     if cp_size == 0:  # megatron's answer while torch.distributed is not initialised
         raise ValueError(_NOT_INITIALISED.format(detail=" (context parallel world size 0)"))
+    return _context_once(tp_size, cp_size, cp_rank, cp_group)
+
+
+def _context_once(tp_size: int, cp_size: int, cp_rank: int | None, cp_group: Any) -> ParallelContext:
+    """The context of megatron's answers, made once per answer (``cp_rank`` None: asked of ``torch.distributed``
+    for verl's dynamic-CP ``cp_group``)."""
     key = (tp_size, cp_size, cp_rank, id(cp_group))
     found = _CONTEXTS.get(key)
     if found is not None and found[0] is cp_group:
         return found[1]
-    context = ParallelContext(tp_size, cp_size, cp_rank, cp_group, group_from_megatron=True)
+    rank = cp_rank if cp_rank is not None else _dynamic_cp_rank(cp_size, cp_group)
+    context = ParallelContext(tp_size, cp_size, rank, cp_group, group_from_megatron=True)
     if len(_CONTEXTS) >= 16:  # groups of torn-down parallel states: let them go
         _CONTEXTS.clear()
     _CONTEXTS[key] = (cp_group, context)
@@ -236,11 +234,8 @@ def dynamic_cp_group(local_cp_size: int) -> Any:
 
 
 def megatron_context(local_cp_size: int | None = None) -> ParallelContext:
-    """TP/CP sizes, CP rank and group as verl reads them from ``megatron.core.parallel_state``.
-
-    ``local_cp_size`` selects verl's dynamic-CP group (``dynamic_cp_group``) of that many ranks; this process's
-    rank in it is asked of ``torch.distributed.get_rank(group)``, as verl does.
-    """
+    """TP/CP sizes, CP rank and group as verl reads them from ``megatron.core.parallel_state``; ``local_cp_size``
+    selects verl's dynamic-CP group of that many ranks (this rank asked of ``torch.distributed.get_rank(group)``)."""
     if local_cp_size is None:
         return parallel_context_from_megatron()
     require_int("local_cp_size", local_cp_size, minimum=1)
@@ -250,26 +245,18 @@ def megatron_context(local_cp_size: int | None = None) -> ParallelContext:
 
 def dynamic_cp_context(local_cp_size: int, group: Any) -> ParallelContext:
     """The context of verl's dynamic-CP ``group`` of ``local_cp_size`` ranks (made once per group)."""
-    key = (local_cp_size, id(group))
-    found = _DYNAMIC_CONTEXTS.get(key)
-    if found is not None and found[0] is group:
-        return found[1]
+    tp_size = parallel_state_module().get_tensor_model_parallel_world_size()
+    return _context_once(tp_size, local_cp_size, None, group)
+
+
+def _dynamic_cp_rank(local_cp_size: int, group: Any) -> int:
     import torch.distributed as dist
 
     try:
-        rank = dist.get_rank(group=group)
+        return dist.get_rank(group=group)
     except Exception as error:  # noqa: BLE001 - whatever torch.distributed raises: not a group it knows
         raise ValueError(
             f"local_cp_size={local_cp_size}: torch.distributed cannot tell this process's rank in the dynamic-CP "
             f"group {group!r} ({type(error).__name__}: {error}); initialise torch.distributed and megatron's "
             "dynamic context-parallel groups first"
         ) from error
-    tp_size = parallel_state_module().get_tensor_model_parallel_world_size()
-    context = ParallelContext(tp_size, local_cp_size, rank, group, group_from_megatron=True)
-    if len(_DYNAMIC_CONTEXTS) >= 16:
-        _DYNAMIC_CONTEXTS.clear()
-    _DYNAMIC_CONTEXTS[key] = (group, context)
-    return context
-
-
-_DYNAMIC_CONTEXTS: dict[tuple[int, int], tuple[Any, ParallelContext]] = {}

@@ -1,28 +1,13 @@
 """Megatron-Bridge's own packing copies, replaced by the core and made consistent with verl's ``PackedSeqParams``.
 
-verl 0.9.1 builds a vision model's ``packed_seq_params`` (``preprocess_thd_engine``) and hands the model ``[B, S]``
-rows and the mask ``build_vlm_attn_mask_thd`` made. Megatron-Bridge's ``Qwen3VLModel`` (Qwen3-VL, Qwen3-VL-MoE,
-Qwen3.5-VL) then packs ids, ``[B, S, H]`` embeddings, each deepstack feature and ``[B, S, 3]`` MRoPE ids again with
-its own copy of verl's loop (``preprocess_packed_seqs``), or, for one sequence, cuts the stream with
-``get_packed_seq_cp_partition_indices`` (Transformer Engine's zigzag partitioner). Replacing verl's functions never
-reaches them. ``install()`` rebinds both, in the module that defines each and in every module that binds it by name:
-
-| bridge function | ours |
-| --- | --- |
-| ``preprocess_packed_seqs(input_ids, attention_mask, pre_process=True, pg_collection=None)`` | ``preprocess_packed_seqs`` below |
-| ``get_packed_seq_cp_partition_indices(packed_seq_params, *, total_tokens, cp_size, cp_rank, device, cp_group=None)`` | ``cp_partition_indices`` below |
-
-Where the bridge's copy is right (verl's plain padding, the zigzag layout, static CP) ours returns what it returns.
-Where it is not, ours packs as the ``PackedSeqParams`` verl passed the model describe: the mask
-``build_vlm_attn_mask_thd`` returned remembers the plan verl's params came from (FP8 padding, length buckets, dynamic
-CP, the contiguous layout), and the bridge's short sequences (which its copy refuses under CP) pack like any other.
-A mask made by ``build_vlm_attn_mask_thd`` whose params verl_cppack did not make is refused: their padding cannot
-be known, and packing differently from them would be silently wrong.
-
-Each function is replaced only while the installed Megatron-Bridge is in ``VERSIONS`` and the function still has the
-signature and the line it was read for; otherwise it stays the bridge's and ``status()`` (``verl-cppack doctor``) says
-why. Nothing here imports the bridge (its package imports Transformer Engine: on a GPU image it imports as it is, on
-the host only under the CPU runtime's stand-in).
+Megatron-Bridge's ``Qwen3VLModel`` packs again what verl packed (``preprocess_packed_seqs``, a copy of verl's loop)
+or cuts one sequence with ``get_packed_seq_cp_partition_indices``; replacing verl's functions never reaches them.
+``install()`` rebinds both (``COPIES``), in the module that defines each and in every module that binds it by name.
+Ours returns what the bridge's returns where the bridge is right, and otherwise packs as the ``PackedSeqParams``
+verl passed describe (the mask ``build_vlm_attn_mask_thd`` returned remembers their plan); a mask of params
+verl_cppack did not make is refused (their padding cannot be known). Each function is replaced only while the
+bridge is in ``VERSIONS`` and the function still has the signature and the line it was read for; otherwise
+``status()`` (``verl-cppack doctor``) says why. Nothing here imports the bridge (it imports Transformer Engine).
 """
 
 from __future__ import annotations
@@ -75,18 +60,11 @@ def _context_of(pg_collection: Any) -> ParallelContext:
 
 
 def preprocess_packed_seqs(
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    pre_process: bool = True,
-    pg_collection: Any = None,
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, pre_process: bool = True, pg_collection: Any = None
 ) -> tuple[torch.Tensor, Any]:
     """The bridge's signature: ``[B, S, *]`` rows + mask ``[B, S]`` -> (``[1, T/CP, *]`` this rank's packed rows,
-    ``PackedSeqParams``); with ``pre_process=False`` the rows come back unpacked.
-
-    The stream is the one verl's ``PackedSeqParams`` describe when ``attention_mask`` is the mask verl's
-    ``build_vlm_attn_mask_thd`` returned (the plan of its ``preprocess_thd_engine``); otherwise the bridge's own: slots
-    padded to ``TP*CP*2`` (CP>1) or ``TP``, zigzag, TP/CP from ``pg_collection`` or megatron's parallel state.
-    """
+    ``PackedSeqParams``; ``pre_process=False``: rows unpacked), as verl's params describe for the mask verl's
+    ``build_vlm_attn_mask_thd`` returned, else by the bridge's own rule (``TP*CP*2`` slots, zigzag)."""
     mask = require_mask("attention_mask", attention_mask)
     ctx = _context_of(pg_collection)
     plan = dropins.vlm_mask_plan(mask, ctx)  # verl's stream, for the mask verl's build_vlm_attn_mask_thd made
@@ -99,13 +77,7 @@ def preprocess_packed_seqs(
 
 
 def cp_partition_indices(
-    packed_seq_params: Any,
-    *,
-    total_tokens: int,
-    cp_size: int,
-    cp_rank: int,
-    device: torch.device,
-    cp_group: Any = None,
+    packed_seq_params: Any, *, total_tokens: int, cp_size: int, cp_rank: int, device: torch.device, cp_group: Any = None
 ) -> torch.Tensor:
     """The bridge's ``get_packed_seq_cp_partition_indices``: this CP rank's ``[T/CP]`` int64 positions in the global
     stream. For params verl_cppack made, the positions of their plan (its layout and CP size: the contiguous layout

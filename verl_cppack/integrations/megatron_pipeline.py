@@ -1,19 +1,10 @@
 """``PackedSeqParams`` with valid-token metadata that survives pipeline / virtual-pipeline micro-batching.
 
-Under pipeline parallelism a global batch is consumed as ``M`` micro-batches, each packed on its own (its
-own ``cu_seqlens``), and with virtual pipeline stages every model chunk walks the same ``M`` micro-batches.
-Two kinds of metadata ride along, and they are kept apart by name:
-
-- per micro-batch (``local_valid_mask``, ``local_loss_mask``, ``num_valid_tokens``, ``num_loss_tokens``,
-  ``microbatch_index``): describe this micro-batch only; splitting the batch splits them;
-- whole batch (``whole_batch_num_valid_tokens``, ``whole_batch_num_loss_tokens``,
-  ``whole_batch_num_documents``, ``whole_batch_num_microbatches``): the same on every micro-batch,
-  never to be read as this micro-batch's value (the seed's ``valid_num_tokens_in_batch`` pitfall).
-
-Counts are global over the CP group (the plan is global) and exact host ints: the loss tokens of a
-micro-batch are its real tokens minus its documents, so no collective and no extra sync is needed.
-The class subclasses the installed megatron-core ``PackedSeqParams`` (a stand-in without it), so
-Megatron code that takes a ``PackedSeqParams`` accepts it and ``dataclasses.replace`` keeps the extras.
+Two kinds of fields, kept apart by name: per micro-batch (``PER_MICROBATCH_FIELDS``: this micro-batch only) and
+whole batch (``WHOLE_BATCH_FIELDS``: the same on every micro-batch, never to be read as this micro-batch's value).
+Counts are global over the CP group and exact host ints (a micro-batch's loss tokens are its real tokens minus its
+documents: no collective, no sync). The class subclasses the installed ``PackedSeqParams`` (a stand-in without
+megatron-core), so Megatron accepts it and ``dataclasses.replace`` keeps the extras.
 """
 
 from __future__ import annotations
@@ -77,13 +68,11 @@ def packed_seq_params_with_valid_tokens(
     microbatch_index: int = 0,
     whole_batch: WholeBatch | None = None,
 ) -> Any:
-    """The plan's ``PackedSeqParams`` plus valid-token metadata of this micro-batch.
+    """The plan's ``PackedSeqParams`` plus this micro-batch's valid-token metadata.
 
-    ``valid_mask`` / ``loss_mask``: ``[1, T_local]`` or ``[T_local]`` bool of this rank. ``loss_mask`` must be
-    the plan's next-token target mask (``plan.target_mask(1)``, possibly narrowed): ``num_loss_tokens`` is
-    ``num_valid_tokens - batch_size`` (every sequence's last token has no target). ``whole_batch=None``:
-    the batch is this one micro-batch.
-    """
+    ``valid_mask`` / ``loss_mask``: this rank's ``[1, T_local]`` or ``[T_local]`` bool; ``loss_mask`` is the plan's
+    next-token target mask (possibly narrowed), so ``num_loss_tokens = num_valid_tokens - batch_size``.
+    ``whole_batch=None``: the batch is this one micro-batch."""
     num_loss_tokens = plan.num_valid_tokens - plan.batch_size
     if whole_batch is None:
         whole_batch = WholeBatch(plan.num_valid_tokens, num_loss_tokens, plan.batch_size, 1)
@@ -121,13 +110,8 @@ def documents_packed_seq_params(documents: PackedDocuments) -> Any:
 
 
 def split_microbatches(tokens: torch.Tensor, num_microbatches: int, **pack_kwargs: Any) -> list[PackedDocuments]:
-    """Cut ``tokens`` [B, S] into ``num_microbatches`` equal row groups and pack each as documents.
-
-    Each result's ``documents_packed_seq_params`` carries its own per-micro-batch fields and the whole-batch totals
-    (``whole_batch_*``, equal on all). ``pack_kwargs`` go to ``pack_documents`` (``eod_id``, ``pad_id``,
-    ``ctx``, ``layout``, ...). One ``pack_documents`` call (its host syncs) per micro-batch; a micro-batch
-    with no document raises ``ValueError`` naming it.
-    """
+    """Cut ``tokens`` [B, S] into ``num_microbatches`` equal row groups and pack each as documents
+    (``pack_kwargs`` to ``pack_documents``), each with its own per-micro-batch fields and the shared whole-batch totals."""
     require_int("num_microbatches", num_microbatches, minimum=1)
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
         raise ValueError("tokens must be a [B, S] tensor")
@@ -154,11 +138,8 @@ def split_microbatches(tokens: torch.Tensor, num_microbatches: int, **pack_kwarg
 
 
 def virtual_pipeline_iterators(microbatches: Sequence[Any], num_model_chunks: int) -> list[Iterator[Any]]:
-    """One iterator per virtual-pipeline model chunk, each over the same micro-batches in order.
-
-    Megatron's interleaved schedule takes ``data_iterator`` as a list (one per model chunk) and every
-    chunk consumes all ``M`` micro-batches; sharing one iterator would hand chunk 1 micro-batch 2's data.
-    """
+    """One iterator per virtual-pipeline model chunk, each over the same micro-batches in order (every chunk of
+    Megatron's interleaved schedule consumes all ``M``; one shared iterator would hand chunk 1 micro-batch 2's data)."""
     require_int("num_model_chunks", num_model_chunks, minimum=1)
     items = list(microbatches)
     return [iter(items) for _ in range(num_model_chunks)]

@@ -1,16 +1,8 @@
 """A job's count of the drop-in calls verl makes in each process, for jobs that must prove the drop-ins ran.
 
-Importing this module (in verl's processes: ``VERL_USE_EXTERNAL_MODULES=verl_cppack.verl_plugin,
-verl_cppack.jobs.call_counts``) has ``patching`` wrap every drop-in in ``counted``, which counts only when asked:
-
-- ``VERL_CPPACK_CALL_COUNT_RAY_KEY=KEY`` in a process connected to Ray: the record goes into the cluster's key-value
-  store under ``KEY/<node id>/<pid>`` (``read_ray_call_records``), so workers on every node reach the launcher;
-- ``VERL_CPPACK_CALL_COUNT_DIR=DIR`` otherwise: the file ``DIR/<host>-<pid>.json``, written atomically.
-
-A record is ``{"pid", "host", "node", "gloo_interface", "working_dir", "package_dir", "counts": {name: calls},
-"roles": {role: calls}}``, replaced whole on each call. The role is ``critic`` when a caller frame's ``self`` is
-verl's value-model engine (``*ValueHead``), else ``policy``. Without either variable nothing is counted.
-"""
+Imported in verl's processes, it wraps every drop-in in ``counted``; each process's record (``_record``) goes into
+the Ray cluster's key-value store under ``$VERL_CPPACK_CALL_COUNT_RAY_KEY`` when connected to Ray, else into
+``$VERL_CPPACK_CALL_COUNT_DIR/<host>-<pid>.json``; without either variable nothing is counted."""
 
 from __future__ import annotations
 

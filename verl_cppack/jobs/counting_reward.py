@@ -1,10 +1,6 @@
 """The counting task's reward, verl's ``custom_reward_function`` (``reward.custom_reward_function.path`` = this file).
 
-verl loads this file by path, outside any package, so it imports nothing but the standard library. A response
-earns, for each of its first ``RESPONSE_LENGTH`` symbols, 1 / ``RESPONSE_LENGTH`` when the symbol is its
-predecessor plus one modulo the alphabet (the predecessor of the first is the prompt's last symbol); a response
-that stops early forfeits the missing positions.
-"""
+verl loads this file by path, outside any package: it imports nothing but the standard library."""
 
 SYMBOLS = "0123456789abcdef"
 RESPONSE_LENGTH = 6

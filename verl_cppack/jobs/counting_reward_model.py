@@ -1,22 +1,17 @@
 """The counting task's reward model: the checkpoint ``verl-cppack ppo`` initialises verl's critic from.
 
-As in InstructGPT ("we initialize the value function from the RM"): the task's tiny Llama trained for a few hundred
-steps on made-up responses to predict ``score_response`` at the last token (README, Results: a better critic start
-than the random policy on every replayed run). Saved as a ``LlamaForCausalLM`` checkpoint; verl's Megatron critic
-puts a fresh value head in place of its LM head.
-"""
+As in InstructGPT, the value function starts from the RM: the task's tiny Llama trained to predict
+``score_response`` at the last token, saved as a ``LlamaForCausalLM`` (verl's critic replaces the LM head)."""
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from verl_cppack.jobs.counting_reward import RESPONSE_LENGTH, SYMBOLS, score_response, successor
-from verl_cppack.jobs.counting_task import EOS, CountingPaths, build_tokenizer, dataclass_key, sample_prompt
+from verl_cppack.jobs.counting_task import EOS, CountingPaths, build_tokenizer, dataclass_key, made_once, sample_prompt
 
 
 @dataclass(frozen=True)
@@ -34,11 +29,8 @@ class RewardModelTraining:
 
 
 def sample_scored_response(rng: random.Random) -> tuple[str, str, float]:
-    """A prompt, a made-up response and its score, spread over every score from 0 to 1.
-
-    The response counts on from its predecessor with a per-response probability drawn uniformly from [0, 1] and
-    is a uniform symbol otherwise; one in ten stops early (``EOS``), as sampled responses sometimes do.
-    """
+    """A prompt, a made-up response and its score, spread over every score from 0 to 1 (a per-response
+    probability of counting on, drawn uniformly; one in ten stops early, as sampled responses sometimes do)."""
     prompt = sample_prompt(rng)
     counting = rng.random()
     length = rng.randint(0, RESPONSE_LENGTH - 1) if rng.random() < 0.1 else RESPONSE_LENGTH
@@ -79,11 +71,8 @@ def predicted_scores(trunk, score_head, batch):
 
 
 def train_reward_model(policy_model: Path, directory: Path, training: RewardModelTraining) -> dict[str, float]:
-    """Train the policy checkpoint's trunk to score responses; save it (and the tokenizer) under ``directory``.
-
-    Returns the held-out mean squared error and explained variance of the scores (also written to
-    ``training.json``).
-    """
+    """Train the policy checkpoint's trunk to score responses and save it (and the tokenizer) under ``directory``;
+    returns the held-out mean squared error and explained variance (also in ``training.json``)."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -123,23 +112,9 @@ def reward_model_dir(paths: CountingPaths, training: RewardModelTraining = Rewar
 
 
 def ensure_counting_reward_model(paths: CountingPaths, training: RewardModelTraining = RewardModelTraining()) -> Path:
-    """``reward_model_dir``, trained first (about half a minute on 2 cores) unless a complete copy is there.
-
-    Trained into a temporary directory and renamed into place, so a crash never leaves a half-made model.
-    """
-    directory = reward_model_dir(paths, training)
-    if (directory / "training.json").is_file():
-        return directory
-    staging = directory.with_name(directory.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        train_reward_model(paths.model, staging, training)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    try:
-        staging.rename(directory)
-    except OSError:  # another process finished first: keep its copy
-        shutil.rmtree(staging, ignore_errors=True)
-    return directory
+    """``reward_model_dir``, trained first (about half a minute on 2 cores) unless a complete copy is there."""
+    return made_once(
+        reward_model_dir(paths, training),
+        "training.json",
+        lambda staging: train_reward_model(paths.model, staging, training),
+    )

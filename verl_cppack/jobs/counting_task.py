@@ -1,11 +1,8 @@
 """The counting task, made locally for verl's trainer: a tiny Llama, a character tokenizer, parquet data, a reward.
 
-Nothing can be downloaded where this runs, so every asset is made here once and cached in one directory (which the
-jobs ship to every Ray worker as its working directory): a character-level fast tokenizer over ``SYMBOLS``, a
-seeded random ``LlamaForCausalLM`` in float32, ``train.parquet`` / ``test.parquet`` in verl's RL dataset format, and
-a copy of ``counting_reward.py`` as verl's ``custom_reward_function``. A prompt is 2..6 symbols; the reward is the
-fraction of the ``RESPONSE_LENGTH`` response symbols that are their predecessor plus one (``"3a"`` -> ``"bcdef0"``).
-"""
+Nothing can be downloaded where this runs, so every asset is made once into one cached directory, which the jobs
+ship to every Ray worker as its working directory. A prompt is 2..6 symbols; the reward is the fraction of the
+response symbols that are their predecessor plus one (``"3a"`` -> ``"bcdef0"``, ``counting_reward.py``)."""
 
 from __future__ import annotations
 
@@ -13,6 +10,8 @@ import hashlib
 import json
 import os
 import random
+import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -69,31 +68,39 @@ class CountingPaths:
 
 
 def ensure_counting_assets(assets: CountingAssets = CountingAssets(), root: Path | None = None) -> CountingPaths:
-    """Make the model, tokenizer and data under ``root`` (default: the cache) unless a complete copy exists.
+    """Make the model, tokenizer and data under ``root`` (default: the cache) unless a complete copy exists."""
 
-    Written into a temporary directory and renamed into place, so a crash never leaves a half-made cache
-    that a later run would trust.
-    """
-    paths = CountingPaths((root or cache_root()) / f"counting-{assets.key()}")
-    if (paths.root / "complete").is_file():
-        return paths
-    staging = paths.root.with_name(paths.root.name + f".tmp-{os.getpid()}")
-    staging.mkdir(parents=True, exist_ok=True)
-    made = CountingPaths(staging)
-    save_tokenizer(made.model)
-    save_tiny_llama(made.model, assets)
-    write_dataset(made.train, assets.train_prompts, seed=assets.seed)
-    write_dataset(made.test, assets.test_prompts, seed=assets.seed + 1)
-    made.reward.write_text(Path(counting_reward.__file__).read_text())  # standard library only: it runs anywhere
-    (staging / "assets.json").write_text(json.dumps(asdict(assets), indent=2, sort_keys=True))
-    (staging / "complete").write_text("")
+    def make(staging: Path) -> None:
+        made = CountingPaths(staging)
+        save_tokenizer(made.model)
+        save_tiny_llama(made.model, assets)
+        write_dataset(made.train, assets.train_prompts, seed=assets.seed)
+        write_dataset(made.test, assets.test_prompts, seed=assets.seed + 1)
+        made.reward.write_text(Path(counting_reward.__file__).read_text())  # standard library only: it runs anywhere
+        (staging / "assets.json").write_text(json.dumps(asdict(assets), indent=2, sort_keys=True))
+        (staging / "complete").write_text("")
+
+    return CountingPaths(made_once((root or cache_root()) / f"counting-{assets.key()}", "complete", make))
+
+
+def made_once(directory: Path, done: str, make: Callable[[Path], None]) -> Path:
+    """``directory``, made by ``make(staging)`` unless ``directory/done`` exists: in a temporary directory renamed
+    into place, so a crash never leaves a half-made copy a later run would trust."""
+    if (directory / done).is_file():
+        return directory
+    staging = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
     try:
-        staging.rename(paths.root)
-    except OSError:  # another process finished first: keep its copy
-        import shutil
-
+        make(staging)
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-    return paths
+        raise
+    try:
+        staging.rename(directory)
+    except OSError:  # another process finished first: keep its copy
+        shutil.rmtree(staging, ignore_errors=True)
+    return directory
 
 
 def build_tokenizer():

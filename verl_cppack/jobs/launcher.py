@@ -1,9 +1,7 @@
 """Run ``verl.trainer.main_ppo`` as a child process with verl_cppack on, follow its metrics, write the results.
 
-The child is verl's own trainer, unchanged, joined to the job's Ray cluster with ``worker_env``'s environment. The
-launcher follows verl's ``file`` logger (one JSON line per step), prints a progress line and appends each step to
-``DIR/metrics.jsonl``; it stops the trainer when ``watch`` says the run cannot go on or no step lands in
-``step_timeout_s`` (the first: ``first_step_timeout_s``). The trainer's own output goes to ``DIR/trainer.log``.
+The launcher follows verl's ``file`` logger (one JSON line per step) into ``DIR/metrics.jsonl`` and stops the
+trainer when ``watch`` says the run cannot go on or no step lands in time; the trainer's output is ``DIR/trainer.log``.
 """
 
 from __future__ import annotations
@@ -94,10 +92,8 @@ def run_trainer(
 ) -> list[dict[str, Any]]:
     """Run verl's trainer to the end; ``on_step(record)`` for every step as it lands. Returns the records.
 
-    Raises ``TrainerFailed`` when the trainer exits non-zero, when ``watch()`` (asked every few seconds) says why
-    the run cannot go on, or when no step lands in time (``run.step_timeout_s``, ``run.first_step_timeout_s``) —
-    the trainer is stopped first. Whatever else ends the wait (``KeyboardInterrupt``, an exception from
-    ``on_step``, a closed stdout) propagates after the trainer has been stopped.
+    ``TrainerFailed`` when the trainer exits non-zero, ``watch()`` (asked every few seconds) says why the run cannot
+    go on, or no step lands in time; anything else that ends the wait propagates. The trainer is stopped first.
     """
     run.output_dir.mkdir(parents=True, exist_ok=True)
     writer = MetricsWriter(run.output_dir / "metrics.jsonl")
@@ -169,10 +165,8 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _trainer_setup() -> Callable[[], None]:
-    """What the trainer's process does before exec (``preexec_fn``): SIGINT back to its default (a launcher started
-    with SIGINT ignored can still stop it) and, on Linux, SIGKILL when the launcher dies without cleaning up (not
-    SIGINT: a driver shutting down cleanly would wait 60 s on the vanished local GCS; killed, Ray cleans up after it).
-    libc is loaded here, in the launcher: the child, between fork and exec, only calls it."""
+    """The trainer's ``preexec_fn``: SIGINT back to its default and, on Linux, SIGKILL when the launcher dies (not
+    SIGINT: a clean driver shutdown would wait 60 s on the vanished local GCS). libc is loaded here, not in the child."""
     prctl = None
     if sys.platform.startswith("linux"):
         import ctypes
@@ -229,9 +223,8 @@ def last_error_lines(log_path: Path, count: int = 15) -> str:
 
 
 def step_record(logged: dict[str, Any], shape: ParallelShape) -> dict[str, Any]:
-    """One line of verl's file logger (``{"step", "data"}``) as a metrics.jsonl record: verl's metrics under
-    verl's names, plus ``step``, ``reward_mean`` (verl's ``critic/score/mean``), ``tp``, ``cp``, ``dp``. Values that are not
-    finite numbers are kept out (``MetricsWriter`` refuses them) and listed under ``non_finite``."""
+    """One line of verl's file logger (``{"step", "data"}``) as a metrics.jsonl record: verl's numeric metrics plus
+    ``step``, ``reward_mean``, ``tp``, ``cp``, ``dp``; non-finite values are left out, named under ``non_finite``."""
     data = logged["data"]
     record: dict[str, Any] = {}
     non_finite = []
@@ -257,13 +250,12 @@ def summarize(
     wall_s: float,
     verl_version: str,
 ) -> dict[str, Any]:
-    """The run's summary: verl's metrics over the steps, the shape, and the drop-in calls the workers recorded
-    (``call_records``, one per process: which Ray node it ran on and the interface gloo bound to)."""
+    """The run's summary: verl's metrics over the steps, the shape, and the drop-in calls the workers recorded."""
     if not records:
         raise TrainerFailed(f"verl's trainer finished without logging a step; its output: {run.log_path}")
-    rewards = [record["reward_mean"] for record in records]
-    first, last = fifth_means(rewards)
+    first, last = fifth_means([record["reward_mean"] for record in records])
     calling = [record for record in call_records if sum(record.get("counts", {}).values())]
+    by_name = sum_calls(call_records)
     return {
         "trainer": "verl.trainer.main_ppo",
         "verl_version": verl_version,
@@ -278,8 +270,8 @@ def summarize(
         "reward_last_fifth": last,
         "reward_gain": last - first,
         "rollout_probs_diff_max": max(r.get("training/rollout_probs_diff_max", float("nan")) for r in records),
-        "dropin_calls": sum(sum_calls(call_records).values()),
-        "dropin_calls_by_name": sum_calls(call_records),
+        "dropin_calls": sum(by_name.values()),
+        "dropin_calls_by_name": by_name,
         "dropin_calls_by_role": sum_calls(call_records, "roles"),  # policy (actor and reference) / critic
         "workers": [  # every process that called the drop-ins: where it ran and what it ran with
             {key: record.get(key) for key in ("node", "host", "pid", "gloo_interface", "working_dir", "package_dir")}

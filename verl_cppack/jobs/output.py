@@ -12,10 +12,8 @@ from typing import Any, TextIO
 
 
 def fresh_output_dir(requested: str | Path) -> Path:
-    """``requested`` if it is missing or empty, else a new ``requested/run-YYYYmmdd-HHMMSS[-k]`` inside it.
-
-    Earlier results are never overwritten: a non-empty directory only ever gains a new sub-directory.
-    """
+    """``requested`` if it is missing or empty, else a new ``requested/run-YYYYmmdd-HHMMSS[-k]`` inside it:
+    earlier results are never overwritten."""
     requested = Path(requested)
     if requested.exists() and not requested.is_dir():
         raise ValueError(f"output path {requested} exists and is not a directory; pass --output DIR")

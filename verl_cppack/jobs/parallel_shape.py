@@ -1,9 +1,7 @@
-"""The parallel shape of a job: tensor, context and data parallel sizes, and the Ray nodes the workers span.
+"""The parallel shape of a job: TP, CP and DP sizes and the Ray nodes the workers span.
 
-Every Megatron model of the job (actor, reference, critic) runs at ``tp`` x ``cp``; verl derives data
-parallelism from the world size, so ``workers = tp * cp * dp`` worker slots are asked of Ray, ``workers /
-nnodes`` on each node (verl's ``trainer.nnodes`` / ``trainer.n_gpus_per_node``).
-"""
+Every Megatron model of the job runs at ``tp`` x ``cp``; verl derives DP from the world size, so
+``workers = tp * cp * dp`` worker slots are asked of Ray, ``workers / nnodes`` on each node."""
 
 from __future__ import annotations
 

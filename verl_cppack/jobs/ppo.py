@@ -1,10 +1,7 @@
 """PPO through verl's own trainer with a Megatron critic: actor, reference and critic at CP=N (``verl-cppack ppo``).
 
-verl's GSM8K PPO recipe (``recipes/gsm8k_ppo_megatron_cp2.sh``) with the common CPU overlay, plus the critic's own
-Megatron engine at the same CP size, started from the counting task's reward model; its values go through
-verl_cppack's packed CP path (``value_model=True``). The settings below were measured on the counting task (README,
-Results; ``scripts/critic_replay.py``).
-"""
+verl's GSM8K PPO recipe with the CPU overlay, plus the critic's Megatron engine at the same CP size, started from the
+counting task's reward model. The settings below were measured on the counting task (README, Results)."""
 
 from __future__ import annotations
 

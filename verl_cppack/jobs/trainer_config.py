@@ -1,10 +1,7 @@
 """The Hydra overrides verl's trainer runs with: a GPU recipe's own overrides, then the CPU overlay on top.
 
-One recipe, not two that drift: the recipe in ``recipes/`` prints its overrides (``VERL_CPPACK_PRINT_OVERRIDES=1``),
-the CPU overlay replaces what a CPU machine cannot serve, the user's overrides come last (a key given twice keeps the
-last value). ``compose_trainer_config`` composes them onto verl's config in strict mode: a misspelt key fails before
-Ray starts.
-"""
+One recipe, not two that drift: the recipe in ``recipes/`` prints its overrides, the CPU overlay replaces what a CPU
+machine cannot serve, the user's overrides come last; ``compose_trainer_config`` composes them strictly."""
 
 from __future__ import annotations
 
@@ -90,10 +87,8 @@ def megatron_overlay(prefix: str, run: CpuRun) -> list[str]:
 
 
 def cpu_overlay(run: CpuRun) -> list[str]:
-    """The overrides that make the GPU recipe a CPU run of the counting task at ``run.shape``.
-
-    The task's files are named relative to its directory, which Ray ships to every worker as its working
-    directory (``launcher.TrainerRun``): no node needs the driver's file system."""
+    """The overrides that make the GPU recipe a CPU run of the counting task at ``run.shape`` (the task's files
+    named relative to its directory, every worker's working directory)."""
     check_batch_sizes(run)
     megatron = [
         *megatron_overlay("actor_rollout_ref.actor.megatron", run),

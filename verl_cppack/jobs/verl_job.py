@@ -1,11 +1,8 @@
 """A job that runs verl's own trainer (``verl.trainer.main_ppo``) on the counting task, on this machine's CPU.
 
-A ``JobKind`` names a GPU recipe in ``recipes/`` and what its CPU run adds (extra overrides, plot panels, summary
-fields); ``grpo.py`` and ``ppo.py`` define the two. ``prepare_job`` checks every input and composes the full
-trainer configuration before anything starts (a bad value or an unknown Hydra key is a ``ValueError``);
-``run_job`` runs the trainer and writes ``metrics.jsonl``, ``summary.json``, ``config.json`` and the curves into a
-fresh output directory.
-"""
+A ``JobKind`` (``grpo.py``, ``ppo.py``) names a GPU recipe and what its CPU run adds. ``prepare_job`` checks every
+input and composes the trainer configuration before anything starts (``ValueError``); ``run_job`` runs the trainer
+and writes ``metrics.jsonl``, ``summary.json``, ``config.json`` and the curves into a fresh output directory."""
 
 from __future__ import annotations
 
@@ -23,13 +20,7 @@ from typing import Any
 from verl_cppack.core.checks import require_int
 from verl_cppack.jobs.call_counts import read_call_records, read_ray_call_records
 from verl_cppack.jobs.counting_task import ensure_counting_assets
-from verl_cppack.jobs.launcher import (
-    FIRST_STEP_TIMEOUT_S,
-    STEP_TIMEOUT_S,
-    TrainerRun,
-    run_trainer,
-    summarize,
-)
+from verl_cppack.jobs.launcher import FIRST_STEP_TIMEOUT_S, STEP_TIMEOUT_S, TrainerRun, run_trainer, summarize
 from verl_cppack.jobs.output import Panel, fresh_output_dir, plot_panels
 from verl_cppack.jobs.parallel_shape import ParallelShape
 from verl_cppack.jobs.ray_cluster import ClusterSession, ray_host_port

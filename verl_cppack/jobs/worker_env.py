@@ -1,11 +1,8 @@
 """What a job hands verl's trainer and every Ray worker it starts: environment variables, code and files.
 
-The protocol between the launcher and the processes it never starts itself (docs/design.md): ``VERL_PLATFORM=cpu``
-and the plugin as verl's external module, verl's ``file`` logger path, where the drop-in call records go, gloo's
-interface (loopback on one node, the Ray node's interface across nodes, a user's ``GLOO_SOCKET_IFNAME`` kept), vLLM's
-CPU settings, and Ray's runtime environment (the task directory as working directory, ``verl_cppack`` as a
-``py_module``: no node needs the driver's file system).
-"""
+The plugin and the platform, verl's ``file`` logger path, where the call records go, gloo's interface (loopback on
+one node, the Ray node's across nodes, a user's ``GLOO_SOCKET_IFNAME`` kept), vLLM's CPU settings, and Ray's runtime
+environment (the task directory, ``verl_cppack`` as a ``py_module``: no node needs the driver's file system)."""
 
 from __future__ import annotations
 
@@ -17,11 +14,7 @@ import verl_cppack
 from verl_cppack.jobs.call_counts import COUNT_DIR_ENV, COUNT_RAY_KEY_ENV
 from verl_cppack.jobs.trainer_config import PLUGIN
 from verl_cppack.runtime import PLATFORM_ENV
-from verl_cppack.runtime.gloo_interface import (
-    GLOO_INTERFACE_ENV,
-    INTERFACE_REQUEST_ENV,
-    RAY_NODE_INTERFACE,
-)
+from verl_cppack.runtime.gloo_interface import GLOO_INTERFACE_ENV, INTERFACE_REQUEST_ENV, RAY_NODE_INTERFACE
 
 FILE_LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
 VLLM_CPU_KVCACHE_GIB = 1  # per replica: the counting task's 8 + 6 tokens x 128 sequences need ~2 MiB of it

@@ -1,10 +1,8 @@
 """CP-correct loss reduction over packed streams: token mean, Megatron's per-token-loss contract, document mean.
 
-Every rank holds only its CP chunk of the stream, and chunks hold different numbers of loss tokens
-(the worked example: 5 and 8), so a per-rank mean is wrong. These helpers divide by the *global* count and return
-each rank's differentiable share: shares summed over the reduction group are the global loss, and the
-gradient of a share w.r.t. this rank's per-token losses is exactly that of the global loss.
-"""
+CP chunks hold different numbers of loss tokens, so a per-rank mean is wrong: these helpers divide by the *global*
+count and return each rank's differentiable share (shares summed over the group are the global loss, with its
+gradient)."""
 
 from verl_cppack.loss.document_mean import document_mean_loss
 from verl_cppack.loss.megatron import megatron_mean_loss_outputs, megatron_per_token_loss_outputs

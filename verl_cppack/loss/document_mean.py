@@ -1,10 +1,7 @@
 """Document-level loss: mean over each document's loss tokens, then mean over documents (CP-correct).
 
-Per-document sums and counts come from one ``scatter_add`` each over this rank's positions (no
-``[N, num_documents]`` one-hot, no loop over documents); counts are summed over the CP group, whose ranks
-hold chunks of the same documents. A document with no loss token (a single-token document has none: its
-only token is its last) is left out of the mean over documents rather than counted as zero.
-"""
+Per-document sums and counts come from one ``scatter_add`` each (no one-hot, no loop), counts summed over the CP
+group; a document with no loss token (a single-token one) is left out of the mean rather than counted as zero."""
 
 from __future__ import annotations
 
@@ -37,13 +34,9 @@ def document_mean_loss(
 ) -> ReducedLoss:
     """Mean over documents of each document's mean per-token loss.
 
-    ``document_ids``: this rank's ``[1, T_local]`` (or ``[T_local]``) document of every position, values in
-    ``[0, num_documents)`` (``PackedDocuments.document_ids`` / ``.num_documents``; the same documents on every
-    CP rank). With ``dp_group`` the mean runs over the documents of every DP replica (each replica has its
-    own documents). ``num_tokens`` of the result counts the averaged documents. One all-reduce over CP
-    (``[2, num_documents]``) and one over DP when given; ``on_empty`` as in ``token_mean_loss`` (empty = no document
-    has a loss token).
-    """
+    ``document_ids``: this rank's ``[1, T_local]`` (or ``[T_local]``) document of every position, in
+    ``[0, num_documents)`` (``PackedDocuments.document_ids`` / ``.num_documents``). With ``dp_group`` the mean runs over
+    every DP replica's documents. ``num_tokens`` counts the averaged documents; ``on_empty`` as in ``token_mean_loss``."""
     check_on_empty(on_empty)
     ctx = require_context(ctx)
     require_int("num_documents", num_documents, minimum=1)

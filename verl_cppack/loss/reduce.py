@@ -22,12 +22,8 @@ class EmptyBatchError(ValueError):
 class ReducedLoss:
     """A loss averaged over the whole reduction group, seen from one rank.
 
-    ``loss`` is this rank's differentiable share (its local numerator over the global denominator):
-    summed over the group's ranks it is the global loss. Back-propagate it as is when gradients are
-    *summed* over the group; multiply by the group size when they are *averaged* (e.g. Megatron DDP
-    without ``calculate_per_token_loss`` averages over DP x CP; its 2-tuple loss path multiplies by
-    ``cp_size`` itself, see ``megatron_mean_loss_outputs``).
-    """
+    ``loss`` is this rank's differentiable share (local numerator over the global denominator): back-propagate it as is
+    when gradients are *summed* over the group, times the group size when they are *averaged*."""
 
     loss: torch.Tensor  # [] differentiable share; 0 when empty
     value: torch.Tensor  # [] detached global loss, the same on every rank of the group; 0 when empty
@@ -61,10 +57,8 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def masked_sum_and_count(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's ``(sum of the loss over mask tokens [] float >= fp32, number of mask tokens [] int64)``.
-
-    Masked-out positions are dropped with ``where`` (not multiplied by 0), so a NaN/inf at padding cannot leak.
-    """
+    """This rank's ``(loss sum over mask tokens [] float >= fp32, mask tokens [] int64)``; masked-out positions
+    are dropped with ``where`` (a NaN at padding cannot leak)."""
     losses, mask = check_per_token(per_token_loss, loss_mask)
     kept = torch.where(mask, losses.to(accumulation_dtype(losses.dtype)), 0)  # [T_local]
     return kept.sum(), mask.sum()
@@ -111,11 +105,9 @@ def token_mean_loss(
 ) -> ReducedLoss:
     """Mean of ``per_token_loss`` over every loss token of the CP group (and of ``dp_group`` when given).
 
-    ``per_token_loss`` / ``loss_mask``: this rank's ``[1, T_local]`` (or ``[T_local]``) losses and bool mask,
-    e.g. ``PackedDocuments.loss_mask``. One all-reduce of ``[sum, count]`` per group. Zero loss tokens in
-    the whole group: ``on_empty="raise"`` raises ``EmptyBatchError`` (one host read of the count),
-    ``on_empty="skip"`` returns zeros with ``empty=True`` and no host sync. Never NaN.
-    """
+    ``per_token_loss`` / ``loss_mask``: this rank's ``[1, T_local]`` (or ``[T_local]``) losses and bool mask. One
+    all-reduce of ``[sum, count]`` per group. No loss token in the group: ``on_empty="raise"`` raises
+    ``EmptyBatchError`` (one host read), ``"skip"`` returns zeros with ``empty=True``. Never NaN."""
     check_on_empty(on_empty)
     ctx = ParallelContext() if ctx is None else ctx
     local_sum, local_count = masked_sum_and_count(per_token_loss, loss_mask)
@@ -123,8 +115,5 @@ def token_mean_loss(
     count = totals[1].round().long()
     denominator, empty = guarded_denominator(count, on_empty, "loss tokens")
     return ReducedLoss(
-        loss=local_sum / denominator,
-        value=(totals[0] / denominator).to(local_sum.dtype),
-        num_tokens=count,
-        empty=empty,
+        loss=local_sum / denominator, value=(totals[0] / denominator).to(local_sum.dtype), num_tokens=count, empty=empty
     )

@@ -1,10 +1,6 @@
 """verl's own trainer on the host: a 'cpu' platform, a Hugging Face rollout and named, version-checked fixes to
-verl, Megatron-core, mbridge and vLLM internals (``cpu_fixes.FIXES``).
-
-Armed only with ``VERL_PLATFORM=cpu`` in a process that imports ``verl_cppack.verl_plugin``. ``activate()`` arms every
-fix: each is applied when its module finishes loading and refuses with ``FixTargetChanged`` when its target is not
-what it was written for; ``report()`` says, per fix, whether it was applied in this process.
-"""
+verl, Megatron-core, mbridge and vLLM internals (``cpu_fixes.FIXES``), armed only with ``VERL_PLATFORM=cpu`` in a
+process that imports ``verl_cppack.verl_plugin``; ``report()`` says, per fix, whether it was applied here."""
 
 from __future__ import annotations
 

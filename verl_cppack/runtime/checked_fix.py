@@ -1,10 +1,7 @@
 """A named, version-checked fix to a verl / Megatron-core / mbridge internal, applied when its module loads.
 
-Every fix says what it fixes, which module it touches and for which versions of which distribution it was
-written. Before changing anything it checks the installed version against that range and the target against
-what it expects (the function's parameters, a line of its source); if either differs it raises
-``FixTargetChanged`` naming the module, the expected and the installed versions — it never patches blindly.
-"""
+Before changing anything a fix checks the installed version against its range and the target against what it
+expects (parameters, a line of source); if either differs it raises ``FixTargetChanged``: it never patches blindly."""
 
 from __future__ import annotations
 

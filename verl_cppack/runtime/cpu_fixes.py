@@ -1,8 +1,5 @@
-"""The fixes that let verl's own trainer (Megatron engine, Ray workers) run on the host, one named function each.
-
-Each is registered (``@fix``) for the versions it was written for and checks its target before it changes it
-(``checked_fix.py``); the row of docs/design.md's table of CPU fixes each answers is in its docstring.
-"""
+"""The fixes that let verl's own trainer (Megatron engine, Ray workers) run on the host, one named function each,
+registered (``@fix``) for the versions it was written for; each docstring names its row of docs/design.md's table."""
 
 from __future__ import annotations
 
@@ -93,9 +90,8 @@ def float32_engine_config(module: ModuleType) -> None:
     "verl.workers.engine.megatron.transformer_impl",
 )
 def megatron_engine_on_cpu(module: ModuleType) -> None:
-    """Rows 8-10 and 12, in verl's Megatron engine module: the engines registered for 'cpu' too (10), a CPU RNG
-    tracker seeded as ``set_random_seed`` seeds (9), no-op (off)load helpers (8), and the engine methods that reach
-    Megatron's ``device='cuda'`` literals run in ``host_device_scope`` (12)."""
+    """Rows 8-10 and 12: the engines registered for 'cpu' too (10), a CPU RNG tracker (9), no-op (off)load helpers
+    (8), and the engine methods that reach Megatron's ``device='cuda'`` literals in ``host_device_scope`` (12)."""
     name = "megatron-engine-on-cpu"
     # Every target is checked before anything changes, so a refusal leaves the module as it was.
     engine_class = expect_attribute(module, "MegatronEngine", name)
@@ -158,9 +154,8 @@ def megatron_engine_on_cpu(module: ModuleType) -> None:
 # --------------------------------------------------------------------------------------------- megatron
 @_fix("clip-grads-on-host", "gradient clipping asserts CUDA tensors", MEGATRON, "megatron.core.optimizer.clip_grads")
 def clip_grads_on_host(module: ModuleType) -> None:
-    """Row 11: ``clip_grad_by_total_norm_fp32`` asserts CUDA float gradients and scales them with a CUDA kernel;
-    on the host the same scaling is one ``torch._foreach_mul_`` over the fp32 gradients. megatron-core 0.17+ also
-    takes a tensor ``total_norm``: its coefficient is clamped to 1 and always applied, as there."""
+    """Row 11: ``clip_grad_by_total_norm_fp32`` asserts CUDA gradients; on the host the same scaling is one
+    ``torch._foreach_mul_`` (a tensor ``total_norm``, megatron-core 0.17+: clamped to 1 and always applied, as there)."""
     original = expect_attribute(module, "clip_grad_by_total_norm_fp32", "clip-grads-on-host")
     if marked(original):
         return
@@ -228,8 +223,8 @@ LOCAL_TO_FUSED_NAMES = {
 
 @_fix("local-layernorm-names", "weight names of TE's fused layernorms", MBRIDGE, "mbridge.core.bridge")
 def local_layernorm_names(module: ModuleType) -> None:
-    """Row 6: mbridge maps the names of TE's fused layernorms; the local spec keeps them as modules of their own
-    (``input_layernorm``, ``pre_mlp_layernorm``): map those to the fused names, then to Hugging Face's."""
+    """Row 6: the local spec keeps the layernorms TE fuses as modules of their own: map those names to the fused
+    ones, which mbridge maps to Hugging Face's."""
     bridge_class = expect_attribute(module, "Bridge", "local-layernorm-names")
     original = bridge_class._weight_name_mapping_mcore_to_hf
     if marked(original):
@@ -248,8 +243,7 @@ def local_layernorm_names(module: ModuleType) -> None:
 
 
 class _ModelTypeWithoutEncoderAndDecoder:
-    """megatron-core's ``ModelType`` as mbridge 0.15.1 reads it: its members, plus ``encoder_and_decoder`` (removed in
-    megatron-core 0.17) as a value no model's type equals, so mbridge's encoder-decoder branch is never taken."""
+    """megatron-core's ``ModelType`` plus ``encoder_and_decoder`` (gone in 0.17) as a value no model's type equals."""
 
     def __init__(self, model_type: type) -> None:
         self._model_type = model_type
@@ -266,9 +260,8 @@ class _ModelTypeWithoutEncoderAndDecoder:
     "mbridge.core.util",
 )
 def model_type_without_encoder_decoder(module: ModuleType) -> None:
-    """megatron-core 0.17 dropped ``ModelType.encoder_and_decoder``; mbridge 0.15.1's ``get_model`` still compares
-    with it (an AttributeError for every model it builds). Not a CUDA assumption: the one fix the old mbridge needs
-    on the current stack."""
+    """mbridge 0.15.1's ``get_model`` compares with ``ModelType.encoder_and_decoder``, which megatron-core 0.17 dropped
+    (an AttributeError for every model): not a CUDA assumption, the one fix the old mbridge needs on the current stack."""
     name = "mbridge-model-type"
     model_type = expect_attribute(module, "ModelType", name)
     if isinstance(model_type, _ModelTypeWithoutEncoderAndDecoder):
@@ -288,9 +281,8 @@ def model_type_without_encoder_decoder(module: ModuleType) -> None:
     needs=MEGATRON_BRIDGE[0],
 )
 def transformer_engine_stand_in(module: ModuleType) -> None:
-    """Row 21: Megatron-Bridge imports Transformer Engine at package import; once megatron-core has loaded (its own
-    guards found no TE), ``megatron.bridge``'s package body runs inside ``transformer_engine_scope`` (stand-ins that
-    raise when called, gone afterwards: ``runtime/transformer_engine_stand_in.py``). Nothing where TE is installed."""
+    """Row 21: once megatron-core has loaded (its own guards found no TE), ``megatron.bridge``'s package body runs
+    inside ``transformer_engine_scope`` (``runtime/transformer_engine_stand_in.py``). Nothing where TE is installed."""
     import importlib.util
 
     from verl_cppack.integrations import around_import
@@ -308,8 +300,8 @@ def transformer_engine_stand_in(module: ModuleType) -> None:
     needs=MEGATRON_BRIDGE[0],
 )
 def bridge_local_layer_spec(module: ModuleType) -> None:
-    """Row 22: Megatron-Bridge's GPT providers build Transformer Engine's layer spec; on the host Megatron's local spec
-    (the provider's own ``local_layer_spec``) with verl_cppack's core attention, as row 5 does for mbridge."""
+    """Row 22: Megatron-Bridge's GPT providers build TE's layer spec; on the host the provider's own
+    ``local_layer_spec`` with verl_cppack's core attention, as row 5 does for mbridge."""
     name = "bridge-local-layer-spec"
     original = expect_attribute(module, "transformer_engine_layer_spec", name)
     if marked(original):
@@ -344,8 +336,7 @@ def load_hf_replica() -> type:
 
 @_fix("hf-rollout-adapter", "no CPU rollout in verl's rollout registry", VERL, "verl.workers.rollout.base")
 def hf_rollout_adapter(module: ModuleType) -> None:
-    """Row 13: verl's rollout registry knows vllm, sglang and trtllm only; register ('hf', 'async') -> the Hugging
-    Face server adapter, by name (verl imports it when a worker builds its rollout)."""
+    """Row 13: register ('hf', 'async') -> the Hugging Face server adapter in verl's rollout registry, by name."""
     registry = expect_attribute(module, "_ROLLOUT_REGISTRY", "hf-rollout-adapter")
     if not isinstance(registry, dict) or not all(isinstance(key, tuple) and len(key) == 2 for key in registry):
         raise FixTargetChanged(
@@ -360,8 +351,7 @@ def hf_rollout_adapter(module: ModuleType) -> None:
 
 @_fix("hf-rollout-replica", "no CPU rollout replica in verl's replica registry", VERL, "verl.workers.rollout.replica")
 def hf_rollout_replica(module: ModuleType) -> None:
-    """Row 14: register the 'hf' replica (which launches the Hugging Face server actor) with verl's
-    ``RolloutReplicaRegistry``; the loader imports it on demand, so registering imports nothing."""
+    """Row 14: register the 'hf' replica with verl's ``RolloutReplicaRegistry`` (its loader imports it on demand)."""
     registry = expect_attribute(module, "RolloutReplicaRegistry", "hf-rollout-replica")
     expect_parameters(registry.register, ("name", "loader"), "hf-rollout-replica")
     registry.register(HF_ROLLOUT_NAME, load_hf_replica)

@@ -1,9 +1,6 @@
-"""The network interface gloo binds to in a Ray worker of a job whose workers span nodes.
-
-Unset, gloo binds to the address the host name resolves to, often loopback. On one node the jobs pass
-``GLOO_SOCKET_IFNAME=lo``; across nodes ``VERL_CPPACK_GLOO_INTERFACE=ray-node``, and each worker binds to the
-interface holding its node's Ray address. A ``GLOO_SOCKET_IFNAME`` already set is kept.
-"""
+"""The network interface gloo binds to in a Ray worker of a job whose workers span nodes (unset, gloo binds to
+what the host name resolves to, often loopback): with ``VERL_CPPACK_GLOO_INTERFACE=ray-node`` the interface holding
+the node's Ray address; a ``GLOO_SOCKET_IFNAME`` already set is kept."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Run a function in N processes of one ``torch.distributed`` group on this host: the project's one harness.
 
-``run_world(fn, world_size, *args)`` spawns the ranks (file rendezvous: no port to race for), runs
-``fn(rank, world_size, *args)`` in each and returns their values in rank order (serialized with ``torch.save``). A
-rank that fails or exits without reporting stops every rank (SIGTERM, then SIGKILL) and raises ``RankFailed``
-naming it; so does Ctrl-C in the parent (the ranks ignore SIGINT).
-"""
+``run_world(fn, world_size, *args)`` spawns the ranks (file rendezvous), runs ``fn(rank, world_size, *args)`` in
+each and returns their values in rank order. A rank that fails or exits without reporting, or Ctrl-C in the parent,
+stops every rank and raises ``RankFailed`` naming it."""
 
 from __future__ import annotations
 
@@ -90,10 +88,8 @@ def run_world(
     torch_threads: int | None = None,
     poll_s: float = 0.2,
 ) -> list[Any]:
-    """``fn(rank, world_size, *args)`` in ``world_size`` spawned processes; their return values in rank order.
-
-    ``fn``: a module-level function. ``environment`` is set in every rank before ``fn`` runs; ``log_dir`` takes each
-    rank's output (``worker-<rank>.log``); ``torch_threads`` fixes each rank's intra-op threads."""
+    """``fn(rank, world_size, *args)`` (a module-level function) in ``world_size`` spawned processes; their return
+    values in rank order. ``environment`` is set in every rank, ``log_dir`` takes each rank's output."""
     import torch.multiprocessing as mp
 
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:

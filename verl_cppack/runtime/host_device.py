@@ -1,11 +1,7 @@
 """``host_device_scope()``: inside it, tensors that Megatron code asks to create on 'cuda' are created on the host.
 
-Megatron-core writes ``device='cuda'`` and ``torch.cuda.current_device()`` as literals (optimizer, pipeline
-schedules, DDP buffers), with no argument to change them; the fixes wrap exactly the entry points that reach them
-(``cpu_fixes.py``) in this scope. Inside it a ``TorchFunctionMode`` turns a CUDA ``device`` argument into ``'cpu'``
-and ``Tensor.cuda()`` into a no-op, and ``torch.cuda``'s current device and streams are the host's (rows 4, 7 and 12
-of docs/design.md's table of CPU fixes).
-"""
+Megatron-core writes ``device='cuda'`` and ``torch.cuda.current_device()`` as literals; the fixes wrap exactly the
+entry points that reach them in this scope (rows 4, 7 and 12 of docs/design.md's table of CPU fixes)."""
 
 from __future__ import annotations
 

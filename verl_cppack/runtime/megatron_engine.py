@@ -1,12 +1,9 @@
 """verl's Megatron engine on the host, without Ray, and the batches verl's trainer sends it.
 
-The engine is built as verl's ``TrainingWorker.__init__`` builds it, with the CPU settings of docs/design.md
-(``HOST_TRANSFORMER_CONFIG``). Call these functions in a process that has set ``VERL_PLATFORM=cpu`` before importing
-verl, imported ``verl_cppack.verl_plugin`` and initialised a ``torch.distributed`` process group; importing this
-module imports nothing of verl or Megatron. Batches are what verl's trainer holds after rollout
-(:func:`rollout_tensors`), through verl's ``left_right_2_no_padding`` -> ``infer_batch`` -> ``no_padding_2_padding``:
-the reference worker's path (:func:`response_log_probs`) and, with ``model_type="value_model"``, the critic's
-``_compute_values`` (:func:`response_values`).
+Built as verl's ``TrainingWorker`` builds it, with ``HOST_TRANSFORMER_CONFIG``, in a process that has set
+``VERL_PLATFORM=cpu``, imported ``verl_cppack.verl_plugin`` and initialised a process group (importing this module
+imports nothing of verl). Batches (:func:`rollout_tensors`) go through verl's ``left_right_2_no_padding`` ->
+``infer_batch`` -> ``no_padding_2_padding``: the reference worker's path and the critic's ``_compute_values``.
 """
 
 from __future__ import annotations
@@ -42,6 +39,13 @@ def uses_megatron_bridge() -> bool:
     return installed_version("megatron-bridge") is not None
 
 
+def _require_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 Pair = tuple[list[int], list[int]]  # (prompt token ids, response token ids)
 MODEL_TYPES = ("language_model", "value_model")  # verl's EngineRegistry keys: actor/reference, critic
 
@@ -65,11 +69,7 @@ class EngineSettings:
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"EngineSettings.model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
         for name in ("context_parallel_size", "tensor_model_parallel_size", "micro_batch_size", "total_training_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"EngineSettings.{name} must be an int, got {type(value).__name__}")
-            if value < 1:
-                raise ValueError(f"EngineSettings.{name} must be >= 1, got {value}")
+            _require_positive(f"EngineSettings.{name}", getattr(self, name))
 
 
 @dataclass
@@ -88,11 +88,8 @@ class BuiltEngine:
 
 
 def build_megatron_engine(settings: EngineSettings) -> BuiltEngine:
-    """verl's Megatron engine for ``settings.model_path`` (an HF checkpoint), float32, initialised.
-
-    Mirrors ``TrainingWorker.__init__`` / ``reset()``: the engine config takes ``use_remove_padding`` from the
-    model config, the model type is set, then ``EngineRegistry.new(...)`` and ``engine.initialize()``.
-    """
+    """verl's Megatron engine for ``settings.model_path`` (an HF checkpoint), float32, initialised as
+    ``TrainingWorker.__init__`` / ``reset()`` does."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import HFModelConfig, McoreEngineConfig, McoreOptimizerConfig
     from verl.workers.engine import EngineRegistry
@@ -156,13 +153,9 @@ def check_pairs(pairs: Sequence[Pair], vocab_size: int | None = None) -> None:
 
 
 def rollout_tensors(pairs: Sequence[Pair], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """verl's rollout batch (``DataProto.batch``) of ``pairs``: B = len(pairs), P = longest prompt,
-    R = longest response.
-
-    - ``prompts`` [B, P] left-padded, ``responses`` [B, R] right-padded, ``input_ids`` [B, P+R] both side by side;
-    - ``attention_mask`` [B, P+R] int64, 1 at real tokens; ``response_mask`` [B, R] its response part;
-    - ``position_ids`` [B, P+R] counted over real tokens from 0 (0 at left padding).
-    """
+    """verl's rollout batch (``DataProto.batch``) of ``pairs``: ``prompts`` [B, P] left-padded, ``responses``
+    [B, R] right-padded, ``input_ids`` / ``attention_mask`` (int64, 1 at real tokens) / ``position_ids`` (real tokens
+    counted from 0) [B, P+R], ``response_mask`` [B, R]."""
     check_pairs(pairs)
     batch = len(pairs)
     prompt_width = max(len(prompt) for prompt, _ in pairs)
@@ -211,13 +204,11 @@ def _infer_response_output(
     built: BuiltEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int, name: str, **meta: Any
 ) -> torch.Tensor | None:
     """The engine's per-token output ``name`` at the response tokens, ``[B, R]`` float32, zero at response
-    padding, on the rank with outputs (``None`` on the others): one ``infer_batch`` per micro-batch of
-    ``micro_batch_size`` rows. ``meta`` is what the trainer attaches besides ``compute_loss=False``. Every rank
-    must call it with the same ``tensors``."""
+    padding, on the rank with outputs (``None`` elsewhere); one ``infer_batch`` per micro-batch; every rank calls
+    it with the same ``tensors``. ``meta``: what the trainer attaches besides ``compute_loss=False``."""
     from verl.workers.utils.padding import no_padding_2_padding
 
-    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be an int >= 1, got {micro_batch_size!r}")
+    _require_positive("micro_batch_size", micro_batch_size)
     rows = tensors["input_ids"].shape[0]
     chunks: list[torch.Tensor] = []  # [m, R] each
     with built.engine.eval_mode():
@@ -239,9 +230,8 @@ def response_log_probs(
 
 
 def response_values(built: BuiltEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int) -> torch.Tensor | None:
-    """The critic's values at the response tokens (``_infer_response_output``), as the trainer's ``_compute_values``;
-    ``built`` must be a ``model_type="value_model"`` engine. verl's ``no_padding_2_padding`` shifts them like
-    log-probs (positions prompt_len-1 .. -2 of each sequence)."""
+    """The critic's values at the response tokens, as the trainer's ``_compute_values`` (a ``value_model`` engine;
+    ``no_padding_2_padding`` shifts them like log-probs)."""
     if built.model_config.model_type != "value_model":
         raise ValueError(f"response_values needs a value_model engine, got {built.model_config.model_type!r}")
     return _infer_response_output(built, tensors, micro_batch_size, "values")

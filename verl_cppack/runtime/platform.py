@@ -1,9 +1,5 @@
-"""A ``cpu`` platform for verl's ``PlatformRegistry`` (verl >= 0.9): the host is the device.
-
-The device module is ``torch.cpu`` plus stand-ins for what verl calls on it (memory statistics, ``empty_cache``, RNG
-state...) as the host understands them. The Ray resource stays ``"GPU"``: verl's pools count GPUs, so a CPU run
-starts Ray with one logical GPU per training worker.
-"""
+"""A ``cpu`` platform for verl's ``PlatformRegistry`` (verl >= 0.9): the host is the device (``torch.cpu`` plus
+stand-ins for what verl calls on it). The Ray resource stays ``"GPU"``: one logical GPU per training worker."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """A tiny Megatron-core ``GPTModel`` that runs forward and backward on CPU (gloo), with CP attention.
 
-On CPU (docs/design.md): weights built on the CPU from the default generator (the same ``seed`` gives the same
-weights at every CP size); a CPU RNG tracker instead of Megatron's CUDA one; the rotary embedding run in
-``host_device_scope``; and ``verl_cppack.attention.core_attention`` as the layer spec's core attention (the stock
-local one rejects THD and CP).
-"""
+On CPU: weights from the default generator (the same ``seed`` gives the same weights at every CP size), a CPU RNG
+tracker, the rotary embedding in ``host_device_scope`` and ``verl_cppack``'s core attention."""
 
 from __future__ import annotations
 
@@ -27,12 +24,9 @@ _TRACKER_NAME = "model-parallel-rng"
 def init_megatron_parallel(
     tp_size: int = 1, cp_size: int = 1, backend: Backend = "gloo", *, seed: int = 0
 ) -> ParallelContext:
-    """Initialise ``megatron.core.parallel_state`` for TP x CP (DP = the rest) on the current process group.
-
-    Assumes ``torch.distributed`` is initialised (``backend`` must match it). Calling it again with the
-    same sizes is a no-op; other sizes rebuild the groups. ``gloo`` installs the CPU RNG tracker,
-    ``nccl`` Megatron's CUDA one (``model_parallel_cuda_manual_seed(seed)``). Returns the CP context.
-    """
+    """Initialise ``megatron.core.parallel_state`` for TP x CP (DP = the rest) on the current process group and
+    return the CP context; the same sizes again are a no-op, others rebuild the groups. ``gloo`` installs the CPU RNG
+    tracker, ``nccl`` Megatron's CUDA one."""
     from megatron.core import parallel_state as mpu
 
     if backend not in ("gloo", "nccl"):
@@ -121,11 +115,8 @@ def build_tiny_gpt(
 ) -> Any:
     """A small fp32 Megatron ``GPTModel`` (RoPE, optional GQA, no dropout) on the current parallel state.
 
-    ``init_megatron_parallel`` must have run. Weights depend only on ``seed`` and the shapes, never on
-    the CP size. Under gloo (or without CUDA) the model lives on CPU with the workarounds above; under
-    nccl it is built on the GPU with the stock RoPE and, when TE is installed, TE attention.
-    ``use_te=False`` keeps the reference attention even on CUDA + TE.
-    """
+    Weights depend only on ``seed`` and the shapes. Under gloo (or without CUDA) it lives on the CPU; under nccl it is
+    built on the GPU with TE attention when TE is installed (``use_te=False`` keeps the reference attention)."""
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec

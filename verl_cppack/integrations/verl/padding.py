@@ -1,17 +1,7 @@
-"""verl's padding rules, expressed as core ``Alignment`` objects.
-
-Each verl util function pads differently; these helpers name the rule so the drop-ins stay one-liners:
-
-- legacy THD (``preprocess_packed_seqs``): the core default (``TP*CP*2`` per slot when CP>1, else ``TP``;
-  FP8: ``lcm(16, base)`` per slot and the stream to ``base*128``).
-- engine THD (``preprocess_thd_engine``): base ``TP*CP*2`` for zigzag with CP>1, ``TP*CP`` otherwise (the
-  contiguous layout), the FP8 variant of it, plus ``min_local_rows`` and ``pad_to_length_bucket`` as stream
-  constraints.
-- engine BSHD (``preprocess_bshd_engine``): every row padded to one length ``M`` (a THD plan whose slots
-  all have length ``M``; its local stream reshaped ``[B, M/CP]`` is verl's zigzag-per-row BSHD layout).
-
-With ``fp8_recipe="mxfp8"`` the FP8 slots are ``lcm(32, base)`` (megatron-core's ``get_fp8_align_size``). Where
-these rules and verl's own results part: docs/design.md, "Intended differences".
+"""verl's padding rules as core ``Alignment`` objects, and the checks of the arguments that choose them: the legacy
+THD rule (``TP*CP*2`` per slot with CP>1, else ``TP``), the engine THD rule (the contiguous layout: ``TP*CP``;
+``min_local_rows`` and ``pad_to_length_bucket`` as stream constraints), the engine BSHD row length ``M``; with FP8
+padding, slots to ``lcm(16, base)`` (``"mxfp8"``: 32) and the stream to ``base*128``.
 """
 
 from __future__ import annotations
@@ -23,8 +13,6 @@ from verl_cppack.core.alignment import FP8_STREAM_FACTOR, Alignment
 from verl_cppack.core.checks import kept_per_arguments, require_int
 
 LAYOUTS = ("zigzag", "contiguous")
-
-
 # megatron-core's FP8 recipes (``megatron.core.enums.Fp8Recipe``) when it is not importable
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")
 MXFP8_BLOCK = 32  # MXFP8 scales blocks of 32 elements: every slot a multiple of 32 tokens
@@ -50,11 +38,10 @@ def fp8_block(fp8_recipe: object) -> int:
             f"fp8_recipe must be None or a recipe name (str or megatron.core.enums.Fp8Recipe), got "
             f"{type(fp8_recipe).__name__} ({fp8_recipe!r})"
         )
-    name = getattr(fp8_recipe, "value", fp8_recipe)
     names = fp8_recipe_names()
-    if name not in names:
+    if fp8_recipe not in names:  # (an Fp8Recipe equals its value)
         raise ValueError(f"fp8_recipe must be one of {', '.join(names)} (or None), got {fp8_recipe!r}")
-    return MXFP8_BLOCK if name == "mxfp8" else FP8_BLOCK
+    return MXFP8_BLOCK if fp8_recipe == "mxfp8" else FP8_BLOCK
 
 
 def fp8_alignment(base: int, fp8_recipe: object) -> Alignment:
@@ -89,19 +76,11 @@ def engine_thd_alignment(
 ) -> Alignment:
     """``preprocess_thd_engine``'s padding (verl 0.9.1; ``fp8_recipe`` as verl adds it) as one ``Alignment``."""
     base = ctx.default_slot_multiple if cp_layout == "zigzag" else ctx.tp_size * ctx.cp_size
-    slot_multiple, stream_multiple = base, base
     fp8 = fp8_alignment(base, fp8_recipe)  # the recipe is checked with or without FP8 padding
-    if use_fp8_padding:
-        slot_multiple, stream_multiple = fp8.slot_multiple, fp8.stream_multiple
-    min_stream_length = 0
-    if min_local_rows is not None:
-        min_stream_length = ctx.cp_size * require_int("min_local_rows", min_local_rows, minimum=0)
+    slot_multiple, stream_multiple = (fp8.slot_multiple, fp8.stream_multiple) if use_fp8_padding else (base, base)
+    min_stream_length = 0 if min_local_rows is None else ctx.cp_size * require_int("min_local_rows", min_local_rows)
     if pad_to_length_bucket is not None:
-        if (
-            isinstance(pad_to_length_bucket, bool)
-            or not isinstance(pad_to_length_bucket, int)
-            or pad_to_length_bucket <= 0
-        ):
+        if type(pad_to_length_bucket) is not int or pad_to_length_bucket <= 0:  # (a bool is not a length)
             raise ValueError(f"pad_to_length_bucket must be a positive integer, got {pad_to_length_bucket!r}")
         stream_multiple = math.lcm(stream_multiple, pad_to_length_bucket, ctx.cp_size)
     stream_multiple = math.lcm(stream_multiple, slot_multiple, ctx.tp_size * ctx.cp_size)
@@ -110,10 +89,8 @@ def engine_thd_alignment(
 
 def engine_bshd_row_length(ctx: ParallelContext, batch_size: int, max_seqlen: int, use_fp8_padding: bool) -> int:
     """``preprocess_bshd_engine``'s padded row length ``M`` (global, before the CP cut), verl 0.9.1."""
-    align = ctx.default_slot_multiple
-    multiple = align
-    if use_fp8_padding:
-        # FP8 block quantisation: batch_size * M must be a multiple of 128 * TP * CP.
+    multiple = ctx.default_slot_multiple
+    if use_fp8_padding:  # FP8 block quantisation: batch_size * M must be a multiple of 128 * TP * CP
         fp8_total = FP8_STREAM_FACTOR * ctx.tp_size * ctx.cp_size
-        multiple = math.lcm(fp8_total // math.gcd(batch_size, fp8_total), align)
+        multiple = math.lcm(fp8_total // math.gcd(batch_size, fp8_total), multiple)
     return -(-max(max_seqlen, 1) // multiple) * multiple

@@ -1,19 +1,23 @@
 """``install()`` / ``uninstall()``: bind the drop-ins into verl, in every module that bound verl's util functions.
 
 verl's callers bind util's functions at import time (``from .util import preprocess_packed_seqs``), so ``install``
-patches util and every loaded module holding one of the original function objects (found by identity in
-``vars(module)``), and asks ``import_hooks.after_import`` to do so the moment util finishes executing: nothing of
-verl is imported here, so it is safe while ``verl/__init__`` runs (``VERL_USE_EXTERNAL_MODULES``).
+patches util and every loaded module holding one of the original function objects (by identity), and asks
+``import_hooks.after_import`` to do so the moment util finishes executing: nothing of verl is imported here, so it is
+safe while ``verl/__init__`` runs (``VERL_USE_EXTERNAL_MODULES``).
 
-A function is replaced only if its drop-in takes every call it takes (``signatures.incompatibility``); otherwise it
-stays verl's and ``status()["left_to_verl"]`` says why. Where releases kept a name but changed what it returns,
-``DROPINS`` holds one variant per behaviour, the first that fits is taken. On an untested release (or with
-``VERL_CPPACK_VERIFY=1``) each drop-in is bound inside a ``runtime_check.VerifiedDropIn``. ``wrap_dropins`` lets a
-job wrap every drop-in (``jobs.call_counts``). ``VERL_CPPACK_DISABLE=1`` makes ``install`` a no-op.
+A function is replaced only if its drop-in takes every call it takes, judged from the two signatures
+(``incompatibility``: verl's positional parameters first, same names and order; keywords taken by keyword; verl's
+defaults equal and of the same type; the drop-in's other parameters defaulted; no ``*args`` / ``**kwargs`` on
+verl's side); otherwise it stays verl's and ``status()["left_to_verl"]`` says why. Where releases kept a name but
+changed what it returns, ``DROPINS`` holds one variant per behaviour, the first that fits is taken. On an untested
+release (or with ``VERL_CPPACK_VERIFY=1``) each drop-in is bound inside a ``runtime_check.VerifiedDropIn``.
+``wrap_dropins`` lets a job wrap every drop-in (``jobs.call_counts``). ``VERL_CPPACK_DISABLE=1``: ``install`` does
+nothing.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import inspect
 import os
@@ -21,17 +25,118 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from inspect import Parameter
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from verl_cppack.integrations import megatron_bridge
 from verl_cppack.integrations.import_hooks import after_import, cancel
-from verl_cppack.integrations.verl import dropins, release_names, runtime_check, vlm_masks
-from verl_cppack.integrations.verl.signatures import VerlFunction, incompatibility
+from verl_cppack.integrations.verl import dropins, runtime_check, vlm_masks
 
 UTIL_MODULE = "verl.models.mcore.util"
 DISABLE_ENV = "VERL_CPPACK_DISABLE"
+_POSITIONAL = (Parameter.POSITIONAL_ONLY, Parameter.POSITIONAL_OR_KEYWORD)
+_BY_KEYWORD = (Parameter.POSITIONAL_OR_KEYWORD, Parameter.KEYWORD_ONLY)
+_VARIADIC = (Parameter.VAR_POSITIONAL, Parameter.VAR_KEYWORD)
+_UNKNOWN_DEFAULT = object()  # a default ``signature_from_source`` could not evaluate
+
+
+def _same_default(verl_default: object, dropin_default: object) -> bool:
+    if verl_default is _UNKNOWN_DEFAULT or type(verl_default) is not type(dropin_default):
+        return False
+    try:
+        return bool(verl_default == dropin_default)
+    except Exception:  # noqa: BLE001 - a default that cannot be compared is not known to be the same
+        return False
+
+
+def incompatibility(verl_signature: inspect.Signature, dropin_signature: inspect.Signature) -> str | None:
+    """Why the drop-in cannot take every call verl's function takes, or ``None`` when it can."""
+    verl_parameters = list(verl_signature.parameters.values())
+    ours = dropin_signature.parameters
+    variadic = [p.name for p in verl_parameters if p.kind in _VARIADIC]
+    if variadic:
+        return f"verl's function takes *args/**kwargs ({', '.join(variadic)}) the drop-in cannot know"
+    unknown = [p.name for p in verl_parameters if p.name not in ours]
+    if unknown:
+        return f"parameters the drop-in does not know: {', '.join(unknown)}"
+    verl_positional = [p.name for p in verl_parameters if p.kind in _POSITIONAL]
+    our_positional = [p.name for p in ours.values() if p.kind in _POSITIONAL]
+    if our_positional[: len(verl_positional)] != verl_positional:
+        return (
+            f"positional parameters differ: verl ({', '.join(verl_positional)}), drop-in ({', '.join(our_positional)})"
+        )
+    for parameter in verl_parameters:
+        mine = ours[parameter.name]
+        if parameter.kind in _BY_KEYWORD and mine.kind not in _BY_KEYWORD:
+            return f"{parameter.name} is taken by keyword by verl, not by the drop-in"
+        if parameter.default is not Parameter.empty and not _same_default(parameter.default, mine.default):
+            return f"{parameter.name} defaults to {parameter.default!r} in verl, {mine.default!r} in the drop-in"
+    required = [
+        name
+        for name, p in ours.items()
+        if name not in verl_signature.parameters and p.kind not in _VARIADIC and p.default is Parameter.empty
+    ]
+    if required:
+        return f"the drop-in requires parameters verl's function does not have: {', '.join(required)}"
+    return None
+
+
+def signature_from_source(node: ast.FunctionDef) -> inspect.Signature:
+    """A function's signature read from its source (``ast``): names, kinds and the defaults that are literals (any
+    other default is unknown, so it never counts as equal to a drop-in's)."""
+    arguments = node.args
+    only, either = arguments.posonlyargs, arguments.args
+    positional = [*only, *either]
+    defaults = [None] * (len(positional) - len(arguments.defaults)) + arguments.defaults
+    kinds = [Parameter.POSITIONAL_ONLY] * len(only) + [Parameter.POSITIONAL_OR_KEYWORD] * len(either)
+    read = list(zip(positional, kinds, defaults))
+    read += [(arguments.vararg, Parameter.VAR_POSITIONAL, None)] if arguments.vararg else []
+    read += [(argument, Parameter.KEYWORD_ONLY, d) for argument, d in zip(arguments.kwonlyargs, arguments.kw_defaults)]
+    read += [(arguments.kwarg, Parameter.VAR_KEYWORD, None)] if arguments.kwarg else []
+    return inspect.Signature([Parameter(argument.arg, kind, default=_literal(d)) for argument, kind, d in read])
+
+
+def _literal(expression: ast.expr | None) -> object:
+    if expression is None:
+        return Parameter.empty
+    try:
+        return ast.literal_eval(expression)
+    except ValueError:
+        return _UNKNOWN_DEFAULT
+
+
+@dataclass(frozen=True)
+class VerlFunction:
+    """What the plugin knows of one of verl's functions before replacing it: its signature (``None`` when it has
+    none to read) and the names its body uses (globals and attributes), from the function or from its source."""
+
+    signature: inspect.Signature | None
+    names: frozenset[str]
+
+    @classmethod
+    def of(cls, function: Callable) -> VerlFunction:
+        function = inspect.unwrap(function)
+        try:
+            signature = inspect.signature(function)
+        except (TypeError, ValueError):
+            signature = None
+        return cls(signature, frozenset(_code_names(getattr(function, "__code__", None))))
+
+    @classmethod
+    def from_source(cls, node: ast.FunctionDef) -> VerlFunction:
+        names = {getattr(child, "id", None) or getattr(child, "attr", None) for child in ast.walk(node)}
+        return cls(signature_from_source(node), frozenset(name for name in names if isinstance(name, str)))
+
+
+def _code_names(code) -> set[str]:
+    """The global and attribute names a code object (or None) and the code nested in it use."""
+    names = set(getattr(code, "co_names", ()))
+    for constant in getattr(code, "co_consts", ()):
+        if hasattr(constant, "co_names"):
+            names |= _code_names(constant)
+    return names
 
 
 @dataclass(frozen=True)
@@ -50,29 +155,19 @@ def _reads_parallel_sizes(verl: VerlFunction) -> bool:
 
 # verl name -> its drop-ins, preferred first; every name a verl release from 0.6.1 to 0.9.1 defines for packing.
 DROPINS: dict[str, tuple[DropIn, ...]] = {
-    name: (DropIn(getattr(dropins if hasattr(dropins, name) else release_names, name)),)
-    for name in [
-        "preprocess_packed_seqs",
-        "postprocess_packed_seqs",
-        "postprocess_packed_seqs_for_dict_output",
-        "preprocess_bshd",
-        "postprocess_bshd",
-        "preprocess_thd_engine",
-        "postprocess_thd_engine",
-        "preprocess_bshd_engine",
-        "postprocess_bshd_engine",
-        "postprocess_thd_no_padding",
-        "preprocess_bshd_no_padding",
-        "postprocess_bshd_no_padding",
-        "preprocess_packed_seqs_no_padding",
-        "postprocess_packed_seqs_no_padding",
-        "remove_left_padding",
-        "recover_left_padding",
-    ]
+    name: (DropIn(getattr(dropins, name)),)
+    for names in (
+        ("preprocess_packed_seqs", "postprocess_packed_seqs", "postprocess_packed_seqs_for_dict_output"),  # all
+        ("preprocess_bshd", "postprocess_bshd", "remove_left_padding", "recover_left_padding"),  # 0.7+, 0.6
+        ("preprocess_thd_engine", "postprocess_thd_engine", "preprocess_bshd_engine", "postprocess_bshd_engine"),
+        ("postprocess_thd_no_padding", "preprocess_bshd_no_padding", "postprocess_bshd_no_padding"),  # 0.7
+        ("preprocess_packed_seqs_no_padding", "postprocess_packed_seqs_no_padding"),  # 0.6
+    )
+    for name in names
 }
 DROPINS["preprocess_thd_no_padding"] = (  # verl 0.7.0: the pair; 0.7.1: the triple
-    DropIn(release_names.preprocess_thd_no_padding_pair),
-    DropIn(release_names.preprocess_thd_no_padding),
+    DropIn(dropins.preprocess_thd_no_padding_pair),
+    DropIn(dropins.preprocess_thd_no_padding),
 )
 DROPINS["build_vlm_attn_mask_thd"] = (
     DropIn(vlm_masks.build_vlm_attn_mask_thd, _reads_parallel_sizes, "verl's does not round rows to TP/CP"),
@@ -115,10 +210,10 @@ def detect_generation(functions: Mapping[str, VerlFunction]) -> str:
 
 def choose(name: str, verl: VerlFunction) -> tuple[DropIn | None, str | None]:
     """The first drop-in for ``name`` that stands in for verl's function, or ``(None, why none does)``."""
+    if verl.signature is None:
+        return None, "verl's function has no readable signature"
     reasons = []
     for candidate in DROPINS[name]:
-        if verl.signature is None:
-            return None, "verl's function has no readable signature"
         reason = incompatibility(verl.signature, inspect.signature(candidate.function))
         if reason is None and candidate.fits is not None and not candidate.fits(verl):
             reason = candidate.misfit
@@ -139,14 +234,12 @@ def plan_replacements(functions: Mapping[str, VerlFunction]) -> tuple[dict[str, 
 def release_of(util: ModuleType) -> str | None:
     """verl's ``verl/version/version`` read beside util's file (``verl`` is not imported: its ``__init__`` may be
     running), else the installed distribution's version, else None."""
-    util_file = getattr(util, "__file__", None)
-    if util_file:
-        try:
-            text = (Path(util_file).resolve().parents[2] / "version" / "version").read_text().strip()
-        except (OSError, IndexError):
-            text = ""
-        if text:
-            return text
+    try:
+        text = (Path(util.__file__).resolve().parents[2] / "version" / "version").read_text().strip()
+    except (AttributeError, TypeError, OSError, IndexError):  # no file (or None), or no version file beside it
+        text = ""
+    if text:
+        return text
     try:
         return importlib.metadata.version("verl")
     except importlib.metadata.PackageNotFoundError:
@@ -178,22 +271,27 @@ def _bind(name: str, plain: Callable[..., Any]) -> None:
     """Plan ``plain`` (the drop-in, wrapped by each of ``_WRAPPERS``) as the replacement of verl's ``name``."""
     for wrapper in _WRAPPERS:
         plain = wrapper(name, plain)
-    _STATE.plain[name] = plain
+    _STATE.plain[name] = _STATE.replacements[name] = plain
     if _STATE.verifying:
-        check = runtime_check.VerifiedDropIn(
+        check = _STATE.checks[name] = runtime_check.VerifiedDropIn(
             name, _STATE.originals[name], plain, _STATE.release, on_put_back=put_back, on_step_aside=_rebind
         )
-        _STATE.checks[name] = check
         _STATE.replacements[name] = check.function
-    else:
-        _STATE.replacements[name] = plain
+
+
+def _foreign_namespaces() -> list[tuple[str, dict[str, Any]]]:
+    """``(name, namespace)`` of every loaded module but verl_cppack's own."""
+    return [
+        (name, vars(module))
+        for name, module in list(sys.modules.items())
+        if isinstance(getattr(module, "__dict__", None), dict) and name.partition(".")[0] != "verl_cppack"
+    ]
 
 
 def _swap(name: str, old: Callable[..., Any], new: Callable[..., Any]) -> None:
     """Bind ``new`` instead of ``old`` under ``name`` in every loaded module that holds ``old``."""
-    for module_name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None) if module is not None else None
-        if isinstance(namespace, dict) and not _own(module_name) and namespace.get(name) is old:
+    for _, namespace in _foreign_namespaces():
+        if namespace.get(name) is old:
             namespace[name] = new
 
 
@@ -209,11 +307,8 @@ def put_back(name: str, reason: str) -> None:
         check = _STATE.checks.get(name)
         if check is not None and check.put_back_reason is None:  # put back from outside the check
             check.put_back_reason = reason
-        for module_name, names in list(_STATE.covered.items()):
-            if name in names:
-                names.remove(name)
-                if not names:
-                    del _STATE.covered[module_name]
+        covered = {module: [n for n in names if n != name] for module, names in _STATE.covered.items()}
+        _STATE.covered = {module: names for module, names in covered.items() if names}
 
 
 def _rebind(name: str, function: Callable[..., Any]) -> None:
@@ -224,30 +319,17 @@ def _rebind(name: str, function: Callable[..., Any]) -> None:
             _STATE.replacements[name] = function
 
 
-def _own(module_name: str) -> bool:
-    return module_name == "verl_cppack" or module_name.startswith("verl_cppack.")
-
-
-def _patch_module(module: ModuleType) -> None:
-    namespace = getattr(module, "__dict__", None)
-    module_name = getattr(module, "__name__", None)
-    if not isinstance(namespace, dict) or not isinstance(module_name, str) or _own(module_name):
-        return
-    replaced = []
-    for name, original in _STATE.originals.items():
-        if namespace.get(name) is original:
-            namespace[name] = _STATE.replacements[name]
-            replaced.append(name)
-            _STATE.patched.add(module_name)
-        elif namespace.get(name) is _STATE.replacements[name]:
-            replaced.append(name)
-    if replaced:
-        _STATE.covered[module_name] = sorted(replaced)
-
-
 def _patch_loaded_modules() -> None:
-    for module in [module for module in sys.modules.values() if module is not None]:
-        _patch_module(module)
+    for module_name, namespace in _foreign_namespaces():
+        replaced = []
+        for name, original in _STATE.originals.items():
+            if namespace.get(name) is original:
+                namespace[name] = _STATE.replacements[name]
+                _STATE.patched.add(module_name)
+            if namespace.get(name) is _STATE.replacements[name]:
+                replaced.append(name)
+        if replaced:
+            _STATE.covered[module_name] = sorted(replaced)
 
 
 def disabled_by_env() -> bool:
@@ -272,15 +354,11 @@ def uninstall() -> None:
     megatron_bridge.uninstall()
     with _LOCK:
         cancel(UTIL_MODULE, _patch_util)
-        for module_name, module in list(sys.modules.items()):
-            namespace = getattr(module, "__dict__", None) if module is not None else None
-            if not isinstance(namespace, dict) or _own(module_name):
-                continue
-            if module_name not in _STATE.patched and not module_name.startswith(("verl.", "recipe.")):
-                continue
-            for name, replacement in _STATE.replacements.items():
-                if namespace.get(name) is replacement and name in _STATE.originals:
-                    namespace[name] = _STATE.originals[name]
+        for module_name, namespace in _foreign_namespaces():
+            if module_name in _STATE.patched or module_name.startswith(("verl.", "recipe.")):
+                for name, replacement in _STATE.replacements.items():
+                    if namespace.get(name) is replacement:
+                        namespace[name] = _STATE.originals[name]
         vars(_STATE).update(vars(PatchState()))
         dropins.clear_plan_caches()
 

@@ -1,14 +1,9 @@
-"""Remember plans between the calls of one micro-batch, keyed by the tensor they were built from.
-
-verl calls the util functions several times per micro-batch with the same attention mask (inputs, labels,
-label masks, then the gather-back of every output). Re-planning each time would cost one host sync per
-call; instead a plan is cached under the *identity and version* of its source tensor (the attention mask,
-or the offsets of a nested batch), on the CPU with a copy of the source's contents (a ``SourceSnapshot``). An
-in-place edit bumps ``tensor._version`` and misses the cache; on the CPU an edit that does not (``mask.numpy()[:] =
-...``, a write through ``.data``, shared memory) is caught by a ``memcmp`` with the copy on every hit (a miss: the
-plan is rebuilt from the current contents). On an accelerator such a write is not seen (a content check would cost
-a sync per call or a device-side assertion): build a new tensor for a new batch, as verl does. An entry dies with its source tensor (weak reference with a callback), so plans
-never outlive the micro-batch and a new tensor at a recycled address cannot hit a stale entry.
+"""Remember plans between the calls of one micro-batch (verl packs inputs, labels and masks, then gathers back every
+output, with the same mask: one host sync per micro-batch, not per call), keyed by the *identity and version* of the
+tensor they were built from (the mask, or a nested batch's offsets). On the CPU every hit also compares the contents
+with a copy kept at planning time (``memcmp``), so a write torch's version counter misses re-plans too; on an
+accelerator it is not seen (build a new tensor for a new batch, as verl does). An entry dies with its source tensor
+(a weak reference), so a new tensor at a recycled address cannot hit a stale entry.
 """
 
 from __future__ import annotations
@@ -55,12 +50,8 @@ def _same_contents_on_host(tensor: torch.Tensor, kept: bytes | np.ndarray) -> bo
     """Exact comparison of a CPU tensor with ``_host_copy``'s copy: ``memcmp`` of the bytes (~45 us per MB here;
     ``torch.equal`` takes ~20 times longer on a bool mask), no ATen op."""
     if isinstance(kept, bytes):  # the source was contiguous: a tensor that is not now is not it, unchanged
-        size = len(kept)
-        return (
-            tensor.is_contiguous()
-            and tensor.nbytes == size
-            and (not size or _MEMCMP(tensor.data_ptr(), kept, size) == 0)
-        )
+        same_size = tensor.is_contiguous() and tensor.nbytes == len(kept)
+        return same_size and (not kept or _MEMCMP(tensor.data_ptr(), kept, len(kept)) == 0)
     return bool(np.array_equal(host_memory(tensor), kept))  # sources are masks and offsets: integers, no NaN
 
 
@@ -69,35 +60,25 @@ class SourceSnapshot:
 
     __slots__ = ("reference", "version", "kept")
 
-    def __init__(
-        self, source: torch.Tensor, reference: weakref.ref | None = None, keep_contents: bool | None = None
-    ) -> None:
-        self.reference = weakref.ref(source) if reference is None else reference
-        self.version = source._version
+    def __init__(self, source: torch.Tensor, reference: weakref.ref, keep_contents: bool | None) -> None:
+        self.reference, self.version = reference, source._version
         # a copy of the contents, compared on every hit (``keep_contents=None``: a CPU source's; none on an accelerator)
         keep = source.device.type == "cpu" if keep_contents is None else keep_contents
         self.kept = _host_copy(source) if keep else None
 
     def matches(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` is the source, unchanged: the same object at the same version (torch's in-place
-        counter), and on the CPU the same bytes. On an accelerator a write torch's version counter does not see
-        (through ``.data``, DLPack or shared memory) is not detected: comparing contents there would cost a sync
-        per call or a device-side assertion, which loses the device context."""
+        """Whether ``tensor`` is the source, unchanged: the same object at the same version, and on the CPU the same
+        bytes (on an accelerator a check of the contents would cost a sync per call)."""
         if self.reference() is not tensor or tensor._version != self.version:
             return False
-        if self.kept is not None:
-            return _same_contents_on_host(tensor, self.kept)
-        return True
+        return self.kept is None or _same_contents_on_host(tensor, self.kept)
 
 
 class TensorKeyedCache:
-    """A small LRU map from (source tensor, extra key) to a value built once; the entries of one source share
-    one snapshot (one copy of its contents).
-
-    A source that dies is only noted by its weak reference's callback and its entries are dropped at the next call:
-    the callback runs wherever the source's last reference goes, a garbage collection included, which may be in the
-    middle of this cache's own loop over its entries (dropping them there raised "OrderedDict mutated during
-    iteration"). Until then a dead source's entries cannot be found: their snapshot's reference answers ``None``."""
+    """A small LRU map from (source tensor, extra key) to a value built once; the entries of one source share one
+    snapshot. A source's death is only noted by its weak reference's callback, its entries dropped at the next call:
+    the callback may run in a garbage collection inside this cache's own loop over its entries (dropping them there
+    raised "OrderedDict mutated during iteration"); until then their snapshot's reference answers ``None``."""
 
     def __init__(self, capacity: int = 8, keep_contents: bool | None = None) -> None:
         self._capacity, self._keep_contents = capacity, keep_contents  # keep_contents: as ``SourceSnapshot`` takes it
@@ -112,35 +93,28 @@ class TensorKeyedCache:
             if self._snapshots.get(source_key) is snapshot:
                 self._forget(source_key)
 
+    def _hit(self, source: torch.Tensor, key: Hashable) -> tuple[SourceSnapshot, Any] | None:
+        self._drop_dead()
+        entry_key = (id(source), source._version, key)
+        found = self._entries.get(entry_key)
+        if found is not None and not found[0].matches(source):
+            self._forget(entry_key[:2])  # another tensor at a recycled address, or changed contents
+            return None
+        if found is not None:
+            self._entries.move_to_end(entry_key)
+        return found
+
     def entry(self, source: torch.Tensor, key: Hashable, build: Callable[[], T]) -> tuple[T, SourceSnapshot]:
         """``(value, snapshot of source)``: the cached value, or ``build()`` stored when there is none."""
-        self._drop_dead()
-        entry_key = (id(source), source._version, key)
-        found = self._entries.get(entry_key)
+        found = self._hit(source, key)
         if found is not None:
-            if found[0].matches(source):
-                self._entries.move_to_end(entry_key)
-                return found[1], found[0]
-            self._forget(entry_key[:2])  # another tensor at a recycled address, or changed contents
-        snapshot = self._snapshot(source)
+            return found[1], found[0]
         value = build()
-        self._insert(entry_key, snapshot, value)
-        return value, snapshot
-
-    def get_or_build(self, source: torch.Tensor, key: Hashable, build: Callable[[], T]) -> T:
-        return self.entry(source, key, build)[0]
+        return value, self.store(source, key, value)
 
     def lookup(self, source: torch.Tensor, key: Hashable) -> Any | None:
-        self._drop_dead()
-        entry_key = (id(source), source._version, key)
-        found = self._entries.get(entry_key)
-        if found is None:
-            return None
-        if not found[0].matches(source):
-            self._forget(entry_key[:2])
-            return None
-        self._entries.move_to_end(entry_key)
-        return found[1]
+        found = self._hit(source, key)
+        return None if found is None else found[1]
 
     def find(self, source: torch.Tensor, accept: Callable[[Any], bool]) -> Any | None:
         """A cached value of ``source`` (unchanged, any extra key) that ``accept`` takes, or None."""
@@ -150,10 +124,12 @@ class TensorKeyedCache:
                 return value if snapshot.matches(source) else None
         return None
 
-    def store(self, source: torch.Tensor, key: Hashable, value: T) -> T:
+    def store(self, source: torch.Tensor, key: Hashable, value: Any) -> SourceSnapshot:
+        """Keep ``value`` for ``source`` and ``key``; returns the snapshot of ``source`` its entries share."""
         self._drop_dead()
-        self._insert((id(source), source._version, key), self._snapshot(source), value)
-        return value
+        snapshot = self._snapshot(source)
+        self._insert((id(source), source._version, key), snapshot, value)
+        return snapshot
 
     def _snapshot(self, source: torch.Tensor) -> SourceSnapshot:
         """The snapshot ``source``'s entries share, if it still matches; else a new one (a copy of the contents)."""

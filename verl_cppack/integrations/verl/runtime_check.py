@@ -1,14 +1,10 @@
 """The runtime check: on a release the matrix does not test (or with ``VERL_CPPACK_VERIFY=1``) each drop-in is bound
 inside a ``VerifiedDropIn``, whose first call in each *mode* (``mode_of``) also runs verl's function (on copies, no
 autograd) and compares the results exactly (``comparison.compare_call``, the release's intended differences
-excused). The CP group decides together (one ``all_reduce(MIN)`` of the verdict):
-
-- **equal** everywhere: the mode is verified; once all are, after ``STEP_ASIDE_AFTER`` quiet calls the plain drop-in
-  replaces the wrapper (``on_step_aside``);
-- **different** on any rank (or ours raised where verl did not): verl's function is put back for the rest of the
-  process (``on_put_back``), one ``BehaviourChanged`` warning says why, verl's result is returned;
-- **verl raised**: ours is returned and the mode checked again, at most ``MAX_TRIES`` times; both raising is bad
-  input (ours is raised). An integer attention mask (``integer-masks``) is not compared.
+excused). The CP group decides together (one ``all_reduce(MIN)``): equal everywhere verifies the mode (all verified
+and ``STEP_ASIDE_AFTER`` quiet calls: the plain drop-in replaces the wrapper); different on any rank, or ours raised
+where verl's did not, puts verl's function back (one ``BehaviourChanged`` warning, verl's result returned); verl's
+raising returns ours and checks the mode again, at most ``MAX_TRIES`` times. Integer masks are not compared.
 """
 
 from __future__ import annotations
@@ -63,9 +59,9 @@ def copy_argument(value: Any) -> Any:
     tensors cloned; anything else (groups, numbers) shared."""
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
-    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+    if type(value) in (list, tuple):
         return type(value)(copy_argument(item) for item in value)
-    if isinstance(value, dict) and type(value) is dict:
+    if type(value) is dict:
         return {key: copy_argument(item) for key, item in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         duplicate = copy.copy(value)
@@ -129,8 +125,7 @@ class VerifiedDropIn:
         self.unverified: dict[tuple, str] = {}  # mode -> why it counts as verified without a comparison
         self.put_back_reason: str | None = None
         self.stepped_aside = False
-        self.checks = 0  # calls that ran a comparison
-        self.quiet_calls = 0  # calls in a row that needed none
+        self.checks = self.quiet_calls = 0  # calls that ran a comparison; calls in a row that needed none
         self._lock = threading.RLock()
 
         @functools.wraps(dropin)

@@ -1,7 +1,4 @@
-"""Sampling for the Hugging Face rollout: one sequence decoded with a key/value cache, vLLM's sampling rules.
-
-Only torch is needed here: the server and verl's adapter are in the sibling modules.
-"""
+"""Sampling for the Hugging Face rollout (torch only): one sequence decoded with a key/value cache, vLLM's rules."""
 
 from __future__ import annotations
 
@@ -15,12 +12,10 @@ from typing import Any
 
 import torch
 
-GREEDY_TEMPERATURE = 1e-5
-"""Temperatures below this decode greedily (vLLM's ``_SAMPLING_EPS``)."""
-
+GREEDY_TEMPERATURE = 1e-5  # below it, greedy (vLLM's _SAMPLING_EPS)
+# rollout.logprobs_mode values served: 'processed' (verl's default, under the distribution the token was drawn from),
+# 'raw' (log_softmax of the model's logits)
 LOG_PROBS_MODES = ("processed_logprobs", "raw_logprobs")
-"""``rollout.logprobs_mode`` values served. 'processed' (verl's default): log-probs under the distribution the
-token was drawn from (penalties, temperature, top-k, top-p applied); 'raw': log_softmax of the model's logits."""
 
 
 @dataclass(frozen=True)
@@ -67,11 +62,11 @@ class SampledResponse:
 def request_seed(
     base_seed: int, replica_rank: int, prompt_ids: Sequence[int], occurrence: int, request_name: str = ""
 ) -> int:
-    """The seed of one request's sampling generator: a hash of (base seed, replica rank, prompt, occurrence, name).
+    """The seed of one request's generator: a hash of (base seed, replica rank, prompt, occurrence, name).
 
-    ``occurrence`` counts earlier requests for the same prompt (and name) on the same server, so the ``n`` samples of
-    a GRPO group differ while a rerun draws the same ``n`` (verl's request ids are fresh uuids, its arrival order
-    timing). ``request_name``: verl's row name (``det-<row>``) under ``rollout.full_determinism``, else empty.
+    ``occurrence`` counts earlier requests for the same prompt (and name) on the server, so a GRPO group's samples
+    differ while a rerun draws the same (verl's request ids are fresh uuids); ``request_name``: verl's row name under
+    ``rollout.full_determinism``, else empty.
     """
     digest = hashlib.blake2b(digest_size=8)
     digest.update(array("q", [int(base_seed), int(replica_rank), int(occurrence)]).tobytes())
@@ -85,8 +80,7 @@ def prompt_key(prompt_ids: Sequence[int]) -> bytes:
 
 
 class HFTokenSampler:
-    """Autoregressive decoding of one sequence with a Hugging Face causal LM on the CPU (key/value cache), each
-    step's token drawn as vLLM's sampler draws it, with the request's generator, and its log-prob recorded."""
+    """Decoding of one sequence with a Hugging Face causal LM on the CPU, each token drawn as vLLM's sampler draws it."""
 
     def __init__(self, model: torch.nn.Module, eos_token_ids: Iterable[int] = ()) -> None:
         if not hasattr(model, "forward") or not hasattr(model, "config"):
@@ -137,17 +131,10 @@ class HFTokenSampler:
 
     @staticmethod
     def next_token(
-        logits: torch.Tensor,
-        settings: SamplingSettings,
-        generator: torch.Generator,
-        seen: torch.Tensor | None = None,
+        logits: torch.Tensor, settings: SamplingSettings, generator: torch.Generator, seen: torch.Tensor | None = None
     ) -> tuple[int, float]:
-        """Choose a token from one position's ``logits`` ([vocab], float32); return it and its log-prob.
-
-        vLLM's order: repetition penalty (on tokens in ``seen``), then greedy (argmax) or temperature, top-k, top-p
-        and a draw. 'processed_logprobs': the log-prob under that final distribution (``log_softmax(logits / T)`` at
-        top_k=-1, top_p=1, what verl's actor recomputes); 'raw_logprobs': ``log_softmax(logits)``.
-        """
+        """A token from one position's ``logits`` ([vocab], float32) and its log-prob, in vLLM's order: repetition
+        penalty (on tokens in ``seen``), then greedy or temperature, top-k, top-p and a draw."""
         raw = logits
         if seen is not None and settings.repetition_penalty != 1.0:
             penalty = settings.repetition_penalty
@@ -209,11 +196,9 @@ def load_causal_lm(path: str, torch_threads: int | None = None) -> torch.nn.Modu
 
 def token_list(prompt_ids: Any) -> list[int]:
     """``prompt_ids`` (list, tuple, 1-D tensor or array of ints) as a list of Python ints."""
-    if isinstance(prompt_ids, torch.Tensor):
-        if prompt_ids.dim() != 1:
-            raise ValueError(f"prompt_ids must be 1-D, got shape {tuple(prompt_ids.shape)}")
-        return [int(token) for token in prompt_ids.tolist()]
-    if hasattr(prompt_ids, "tolist") and not isinstance(prompt_ids, (list, tuple)):
+    if isinstance(prompt_ids, torch.Tensor) and prompt_ids.dim() != 1:
+        raise ValueError(f"prompt_ids must be 1-D, got shape {tuple(prompt_ids.shape)}")
+    if hasattr(prompt_ids, "tolist"):
         prompt_ids = prompt_ids.tolist()
     if not isinstance(prompt_ids, (list, tuple)):
         raise TypeError(f"prompt_ids must be a list of token ids, got {type(prompt_ids).__name__}")

@@ -1,10 +1,6 @@
-"""The Hugging Face rollout server: verl's token-in/token-out server protocol over ``HFTokenSampler``.
-
-``HFRolloutServer`` is what ``verl_adapter.HFReplica`` runs as a Ray actor (tests build it directly): an
-``AutoModelForCausalLM`` in float32 on the host answering ``generate(request_id, prompt_ids, sampling_params, ...)
--> TokenOutput`` as vLLM's ``vLLMHttpServer`` does, plus every control call verl makes on a server (no-ops where
-the host has nothing to free).
-"""
+"""The Hugging Face rollout server (``verl_adapter.HFReplica``'s Ray actor): verl's token-in/token-out server
+protocol over ``HFTokenSampler``, answering ``generate(...) -> TokenOutput`` as vLLM's ``vLLMHttpServer`` does, plus
+every control call verl makes on a server (no-ops where the host has nothing to free)."""
 
 from __future__ import annotations
 
@@ -31,45 +27,27 @@ from verl_cppack.runtime.rollout.sampling import (
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_NAME = HF_ROLLOUT_NAME
-"""The value of ``actor_rollout_ref.rollout.name`` that selects this backend (registered by ``cpu_fixes.py``)."""
-
-SERVER_NAME_PREFIX = f"{ROLLOUT_NAME}_server_"
-"""Ray actor name of a replica's server: prefix + replica rank (+ the replica's name suffix)."""
-
-_SAMPLING_KEYS_USED = frozenset({"temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "seed", "n"}) | {
-    "max_tokens", "max_new_tokens", "stop_token_ids", "ignore_eos"
-}  # fmt: skip
+_SAMPLING_KEYS_USED = frozenset(
+    ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "seed", "n")
+    + ("max_tokens", "max_new_tokens", "stop_token_ids", "ignore_eos")
+)
+# text-side options: they change how vLLM detokenizes, not which tokens it returns
 _SAMPLING_KEYS_WITHOUT_EFFECT = frozenset({"skip_special_tokens", "spaces_between_special_tokens", "detokenize"})
-"""Text-side options: they change how vLLM detokenizes, not which tokens it returns, so token-in/token-out ignores
-them."""
 
 
 def eos_token_ids_of(model_config: Any) -> frozenset[int]:
     """End-of-sequence ids from a verl ``HFModelConfig``: generation config, model config and tokenizer."""
     found: set[int] = set()
-    sources = (
-        getattr(model_config, "generation_config", None),
-        getattr(model_config, "hf_config", None),
-        getattr(model_config, "tokenizer", None),
-    )
-    for source in sources:
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if value is None:
-            continue
-        found.update(int(token) for token in (value if isinstance(value, (list, tuple, set)) else [value]))
+    for source in ("generation_config", "hf_config", "tokenizer"):
+        value = getattr(getattr(model_config, source, None), "eos_token_id", None)
+        if value is not None:
+            found.update(int(token) for token in (value if isinstance(value, (list, tuple, set)) else [value]))
     return frozenset(found)
 
 
 class HFRolloutServer:
-    """The rollout server of one replica: an HF causal LM in float32 on the CPU behind verl's server protocol.
-
-    Requests are decoded one at a time (a lock): two host cores gain nothing from interleaving them. Each request
-    draws from its own ``torch.Generator``, seeded by ``request_seed`` from ``sampling_params['seed']`` (else
-    ``rollout.seed``), the replica, the prompt and how many requests for that prompt this server took before, so a
-    prompt's samples repeat across runs whatever the request ids and arrival order (under
-    ``rollout.full_determinism``, each row's: its name enters the seed).
-    """
+    """The rollout server of one replica: an HF causal LM in float32 behind verl's server protocol; requests decoded
+    one at a time (two host cores gain nothing from interleaving), each seeded by ``request_seed``."""
 
     def __init__(
         self,
@@ -88,7 +66,7 @@ class HFRolloutServer:
         if log_probs_mode not in LOG_PROBS_MODES:
             raise ValueError(f"rollout.logprobs_mode={log_probs_mode!r}: the HF rollout serves {LOG_PROBS_MODES}")
         self.log_probs_mode = log_probs_mode
-        engine_options = dict((self.config.engine_kwargs or {}).get(ROLLOUT_NAME) or {})
+        engine_options = dict((self.config.engine_kwargs or {}).get(HF_ROLLOUT_NAME) or {})
         if model is None:
             path = self.model_config.local_path or self.model_config.path
             model = load_causal_lm(path, torch_threads=engine_options.get("num_threads"))
@@ -114,13 +92,9 @@ class HFRolloutServer:
     def sampling_settings(
         self, prompt_length: int, sampling_params: Mapping[str, Any]
     ) -> tuple[SamplingSettings, bool]:
-        """Resolve verl's ``sampling_params`` against the rollout config, as ``vLLMHttpServer.generate`` does.
-
-        The agent loop passes temperature, top_p, top_k, repetition_penalty and logprobs (bool: return
-        log-probs); the tool agent adds stop_token_ids; clients may pass max_tokens or max_new_tokens. Without
-        them, max tokens = min(response_length, prompt_length + response_length - prompt length), clamped to
-        [1, max_model_len - prompt length]. Returns the settings and whether log-probs were asked for.
-        """
+        """Resolve verl's ``sampling_params`` against the rollout config, as ``vLLMHttpServer.generate`` does;
+        returns the settings and whether log-probs were asked for. Max tokens default to
+        min(response_length, prompt_length + response_length - prompt length), clamped to the model's headroom."""
         unknown = set(sampling_params) - _SAMPLING_KEYS_USED - _SAMPLING_KEYS_WITHOUT_EFFECT
         if unknown:
             raise ValueError(f"HF rollout: unsupported sampling_params {sorted(unknown)}")
@@ -262,7 +236,7 @@ class HFRolloutServer:
 
 def server_actor_name(replica_rank: int, name_suffix: str = "") -> str:
     """Ray actor name of replica ``replica_rank``'s server; ``HFServerAdapter`` looks it up by this name."""
-    return f"{SERVER_NAME_PREFIX}{replica_rank}{name_suffix}"
+    return f"{HF_ROLLOUT_NAME}_server_{replica_rank}{name_suffix}"
 
 
 def server_address(replica_rank: int, name_suffix: str = "") -> str:

@@ -28,19 +28,12 @@ class HFServerAdapter(BaseRollout):
     its server in buckets; ``resume`` and ``release`` do nothing (host memory)."""
 
     def __init__(
-        self,
-        config: RolloutConfig,
-        model_config: HFModelConfig,
-        device_mesh: Any = None,
-        replica_rank: int = -1,
+        self, config: RolloutConfig, model_config: HFModelConfig, device_mesh: Any = None, replica_rank: int = -1
     ) -> None:
         super().__init__(config, model_config, device_mesh)
         rank = int(os.environ.get("RANK", "0"))
-        replica_world_size = (
-            self.config.tensor_model_parallel_size
-            * self.config.data_parallel_size
-            * self.config.pipeline_model_parallel_size
-        )
+        c = self.config
+        replica_world_size = c.tensor_model_parallel_size * c.data_parallel_size * c.pipeline_model_parallel_size
         self.replica_rank = rank // replica_world_size if replica_rank == -1 else int(replica_rank)
         self.rollout_rank = rank % replica_world_size
         self.is_leader_rank = self.rollout_rank == 0
