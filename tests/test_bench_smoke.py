@@ -60,6 +60,8 @@ def test_report_files_and_readme_section(rows, tmp_path):
     text = readme.read_text()
     assert "old" not in text and text.endswith(f"{SECTION_END}\ntail\n") and "| 64 | 2 | 8 |" in text
     assert "new batch" in text and "0.5 at the start, 1.5 at the end" in text
+    linked = performance_section(rows, BenchSettings(repeats=1), None, None, "benchmarks/table.md")
+    assert "[table.md](benchmarks/table.md)" in linked and "| 64 | 2 | 8 |" not in linked  # every row in the file
 
 
 def _floors_against_verl(rank, world_size):

@@ -232,8 +232,14 @@ def method_text(settings: BenchSettings, machine: dict[str, Any] | None = None) 
 
 
 def performance_section(
-    rows: list[dict[str, Any]], settings: BenchSettings, plot_path: str | None, machine: dict[str, Any] | None = None
+    rows: list[dict[str, Any]],
+    settings: BenchSettings,
+    plot_path: str | None,
+    machine: dict[str, Any] | None = None,
+    table_path: str | None = None,
 ) -> str:
+    """The document's section: method, summary, the small-batch table, the targets, the plot; every point's row
+    (and the VLM builders' table) in ``table_path`` (the run's ``table.md``), or here when there is none."""
     parts = [method_text(settings, machine), "", *summary_lines(rows), ""]
     small = small_batch_table(rows)
     if small:
@@ -241,6 +247,9 @@ def performance_section(
     parts += [*target_lines(rows), ""]
     if plot_path:
         parts += [f"![speed-up]({plot_path})", ""]
+    if table_path:
+        parts.append(f"Every point (times, ratios, floors, ops, syncs, memory): [table.md]({table_path}).")
+        return "\n".join(parts)
     parts.append(markdown_table(rows))
     if any("vlm_masks" in row for row in rows):
         parts += ["", "VLM mask builders (CP=1, a new jagged batch every call):", "", vlm_table(rows)]

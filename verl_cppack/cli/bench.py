@@ -66,10 +66,12 @@ def run(args: argparse.Namespace) -> int:
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     if args.update_docs:
         document = Path(args.doc)
-        plot_path = None
-        if "plot" in paths:
-            plot_path = os.path.relpath(Path(paths["plot"]).resolve(), document.resolve().parent)
-        update_generated_section(document, performance_section(rows, settings, plot_path, machine), args.functions)
+        plot_path, table_path = (
+            os.path.relpath(Path(paths[kind]).resolve(), document.resolve().parent) if kind in paths else None
+            for kind in ("plot", "table")
+        )
+        section = performance_section(rows, settings, plot_path, machine, table_path)
+        update_generated_section(document, section, args.functions)
         print(f"updated the generated section of {document}")
     missed = missed_targets(rows)
     for line in missed:
