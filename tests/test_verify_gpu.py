@@ -65,8 +65,18 @@ def test_the_checked_masks_hold_a_1_token_row_and_rows_with_gaps():
     assert ((mask.int().diff(dim=1) == 1).sum(1) >= 2).any()  # some row starts a run of tokens twice: a gap
 
 
-def test_the_zigzag_index_agrees_with_transformer_engines_kernel():
+def test_the_zigzag_check_passes_against_a_port_of_transformer_engines_kernel():
+    """The check itself, on the CPU: ``tests.oracle``'s token-by-token port of TE's partitioner stands in for TE."""
     report = verify_gpu.check_zigzag(CPU, te_stand_in)
+    assert report["ok"] is True and report["compared"] > 300
+
+
+def test_the_zigzag_index_agrees_with_transformer_engines_kernel():
+    """Transformer Engine's own ``thd_get_partitioned_indices`` (a CUDA kernel): skipped where it is not installed."""
+    te_indices = verify_gpu.transformer_engine_indices()
+    if te_indices is None or not torch.cuda.is_available():
+        pytest.skip("needs transformer_engine_torch and CUDA")
+    report = verify_gpu.check_zigzag(torch.device("cuda"), te_indices)
     assert report["ok"] is True and report["compared"] > 300
 
 
