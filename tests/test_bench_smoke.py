@@ -258,7 +258,8 @@ def test_update_docs_writes_the_plot_beside_the_document_it_links_from(tmp_path)
     assert main(argv) == 0
     assert (tmp_path / "docs" / "benchmarks" / "results.json").is_file()
     text = document.read_text()
-    assert "| 64 | 1 | 8 |" in text
+    assert "[table.md](benchmarks/table.md)" in text  # every point's row, in the file the section links
+    assert "| 64 | 1 | 8 |" in (tmp_path / "docs" / "benchmarks" / "table.md").read_text()
     if (tmp_path / "docs" / "benchmarks" / "speedup.png").is_file():
         assert "![speed-up](benchmarks/speedup.png)" in text
     assert not (tmp_path / "bench_out").exists()
