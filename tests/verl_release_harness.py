@@ -307,6 +307,18 @@ def _thd_options(verl_pre: Callable, cp_size: int) -> list[dict]:
     return options
 
 
+def _run_pre(c, pre: str, case: str, verl_pre: Callable, our_pre: Callable, x: torch.Tensor, option: dict):
+    """One nested preprocess, verl's beside ours under ``option`` (with its trailing-dims and no-option variants)."""
+    return c.run(
+        pre,
+        case,
+        lambda: verl_pre(x, **option),
+        lambda: our_pre(x, **option),
+        trailing_dims=lambda: verl_pre(_first(x, 2), **option),
+        option=(lambda: verl_pre(x)) if option else None,
+    )
+
+
 def engine_thd(c: SideBySide, pre: str, post: str, verl: Any, ours: dict, data: dict, cp: tuple[int, int], seed: int):
     """The nested THD pair: 0.6 ``*_packed_seqs_no_padding``, 0.7 ``*_thd_no_padding``, 0.8+ ``*_thd_engine``."""
     mask = data["mask"]
@@ -327,14 +339,7 @@ def engine_thd(c: SideBySide, pre: str, post: str, verl: Any, ours: dict, data: 
             continue
         real = marker[0][0][0] == 1  # [T_local] verl's packing of ones: real tokens
         for key, x in nested.items():
-            pair = c.run(
-                pre,
-                f"{tag} {key}",
-                lambda: verl_pre(x, **option),
-                lambda: our_pre(x, **option),
-                trailing_dims=lambda: verl_pre(_first(x, 2), **option),
-                option=(lambda: verl_pre(x)) if option else None,
-            )
+            pair = _run_pre(c, pre, f"{tag} {key}", verl_pre, our_pre, x, option)
             if pair is None:
                 continue
             c.tensors(pre, f"{tag} {key}", pair[0][0], pair[1][0])
@@ -401,14 +406,7 @@ def engine_bshd(c: SideBySide, pre: str, post: str, verl: Any, ours: dict, data:
     for option in options:
         tag = _tag(option)
         for key, x in nested.items():
-            pair = c.run(
-                pre,
-                f"{tag} {key}",
-                lambda: verl_pre(x, **option),
-                lambda: our_pre(x, **option),
-                trailing_dims=lambda: verl_pre(_first(x, 2), **option),
-                option=(lambda: verl_pre(x)) if option else None,
-            )
+            pair = _run_pre(c, pre, f"{tag} {key}", verl_pre, our_pre, x, option)
             if pair is not None:
                 c.results(pre, f"{tag} {key}", *pair, regions={})
         marker = c.run(
