@@ -1,7 +1,4 @@
-"""The parallel context every core function takes explicitly (never a module-level global).
-
-Built by hand, or read from megatron-core by ``integrations.megatron.parallel_context_from_megatron()``.
-"""
+"""The parallel context every core function takes explicitly (never a module-level global)."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ def _require_int(name: str, value: object, minimum: int | None = 1) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
-_NOT_A_GROUP = (str, bytes, int, float, complex)  # never a process group, whatever torch.distributed would answer
+_NOT_A_GROUP = (str, bytes, int, float, complex)
 
 
 def _refuse_non_group(cp_group: object) -> None:
@@ -30,9 +27,8 @@ def _refuse_non_group(cp_group: object) -> None:
 
 
 def group_size_and_rank(cp_group: object) -> tuple[int, int]:
-    """``(size, this process's rank)`` of ``cp_group`` as the caller's ``torch.distributed`` answers them (a
-    stand-in ``get_world_size`` / ``get_rank`` is asked too); a failure to answer, or a string or number, is a
-    ``TypeError`` naming ``cp_group``."""
+    """``(size, this process's rank)`` of ``cp_group`` as the caller's ``torch.distributed`` (or a stand-in) answers
+    them; a failure to answer, or a string or number, is a ``TypeError`` naming ``cp_group``."""
     _refuse_non_group(cp_group)
     import torch.distributed as dist
 
@@ -54,12 +50,11 @@ def group_size_and_rank(cp_group: object) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class ParallelContext:
-    """Tensor- and context-parallel sizes of the calling rank.
+    """Tensor- and context-parallel sizes of the calling rank (by hand or ``parallel_context_from_megatron()``).
 
-    ``cp_group`` (the CP all-gather group) may stay ``None`` while ``cp_size == 1``. A group given by hand must tell its
-    size and this process's rank through ``torch.distributed`` when the context is made (``check_group`` compares them);
-    with ``group_from_megatron=True`` megatron's answers are trusted as verl trusts them (verl's unit tests stand in a
-    group torch.distributed does not know)."""
+    ``cp_group`` may stay ``None`` while ``cp_size == 1``; a group given by hand must tell its size and rank through
+    ``torch.distributed`` when the context is made. ``group_from_megatron=True`` trusts megatron's answers as verl
+    does (verl's unit tests stand in a group torch.distributed does not know)."""
 
     tp_size: int = 1
     cp_size: int = 1

@@ -1,8 +1,5 @@
-"""Per-token log-probs (and entropy) of a padded ``[B, S]`` batch: plan -> CP slice -> model -> gather back.
-
-The path verl's actor and reference take on Megatron: pack the valid tokens, keep this CP rank's rows, run the model
-with THD ``PackedSeqParams``, score the next token of the same sequence (the plan's ``shift=1``) and all-gather the
-results back to ``[B, S]`` (the gradient reaches only this rank's rows)."""
+"""Per-token log-probs (and entropy) of a padded ``[B, S]`` batch: plan -> CP slice -> model -> gather back, the
+path verl's actor and reference take on Megatron (the gradient reaches only this rank's rows)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Causal attention over a packed THD stream with context parallelism, as a CPU-checkable reference:
-``reference_attention`` (per-document oracle), ``allgather_kv_attention`` (any layout), ``ring_attention`` (zigzag,
-TE's schedule), ``context_parallel_attention`` (one of the two by name); ``core_attention`` is the Megatron module."""
+"""Causal attention over a packed THD stream with context parallelism, as a CPU-checkable reference: the oracle,
+all-gather (any layout) and zigzag ring implementations; ``core_attention`` is the Megatron module."""
 
 from __future__ import annotations
 

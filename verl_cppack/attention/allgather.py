@@ -1,8 +1,5 @@
-"""CP attention by all-gathering K/V: exact and simple.
-
-Each rank gathers every rank's K/V (rank-major), places every key on the global stream through the layout's
-partition and attends its local queries against all of them; the gather's backward sums the K/V gradients over the
-CP group and keeps this rank's rows (``gradient="sum"``), the gradient of the global computation."""
+"""CP attention by all-gathering K/V: each rank attends its local queries to every key; the gather's backward
+(``gradient="sum"``) sums K/V gradients over the CP group and keeps this rank's rows."""
 
 from __future__ import annotations
 

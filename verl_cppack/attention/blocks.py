@@ -1,10 +1,7 @@
-"""Masked attention of a query block against a key block, and the stable log-sum-exp merge.
+"""Masked attention of a query block against a key block, and the stable log-sum-exp merge (a CPU reference).
 
-Key ``k`` is kept for query ``q`` only in the same slot, not after ``q`` (causal) and inside the slot's attention
-length; a query with no admissible key gets output 0 and ``lse = -inf``. ``slot_attention`` scatters rows to
-``[slots, L, ...]`` by in-slot offset, so the cost is ``slots * L^2`` (padded BSHD), not ``rows^2``. A CPU reference
-(einsum + masked softmax), not a kernel.
-"""
+A key is kept for a query only in the same slot, not after it and inside the slot's attention length; a query with no
+such key gets 0 and ``lse = -inf``. ``slot_attention`` costs ``slots * L^2`` (padded BSHD), not ``rows^2``."""
 
 from __future__ import annotations
 
@@ -24,22 +21,37 @@ def expand_groups(kv: torch.Tensor, num_heads: int) -> torch.Tensor:
     return kv if groups == num_heads else kv.repeat_interleave(num_heads // groups, dim=1)
 
 
+def _normalise(logits: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax of ``logits`` over ``dim`` and its log-sum-exp (``dim`` kept, size 1), stably; where every logit is
+    ``-inf`` the weights are 0 and the lse ``-inf``, with finite gradients."""
+    top = logits.amax(dim=dim, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
+    weights = torch.exp(logits - top)  # 0 where -inf
+    total = weights.sum(dim=dim, keepdim=True)
+    seen = total > 0
+    safe_total = torch.where(seen, total, torch.ones_like(total))
+    return weights / safe_total, torch.where(seen, torch.log(safe_total) + top, torch.full_like(top, float("-inf")))
+
+
 def attention_block(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, softmax_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q ``[..., tq, h, d]``, k/v ``[..., tk, h, d]``, mask ``[..., tq, tk]`` -> (out ``[..., tq, h, d]``, lse
     ``[..., h, tq]``) float32, ``lse = -inf`` where a query sees no key; fully masked rows keep finite gradients."""
     scores = torch.einsum("...qhd,...khd->...hqk", q.float(), k.float()) * softmax_scale  # [..., h, tq, tk]
-    scores = scores.masked_fill(~mask.unsqueeze(-3), float("-inf"))
-    row_max = scores.amax(dim=-1, keepdim=True)  # [..., h, tq, 1]
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)).detach()
-    weights = torch.exp(scores - row_max)  # 0 where masked
-    denominator = weights.sum(dim=-1, keepdim=True)
-    seen = denominator > 0
-    safe_denominator = torch.where(seen, denominator, torch.ones_like(denominator))
-    out = torch.einsum("...hqk,...khd->...qhd", weights / safe_denominator, v.float())  # [..., tq, h, d]
-    lse = torch.where(seen, torch.log(safe_denominator) + row_max, torch.full_like(row_max, float("-inf")))
+    probabilities, lse = _normalise(scores.masked_fill(~mask.unsqueeze(-3), float("-inf")), dim=-1)
+    out = torch.einsum("...hqk,...khd->...qhd", probabilities, v.float())  # [..., tq, h, d]
     return out, lse.squeeze(-1)
+
+
+def masked_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, softmax_scale: float | None
+) -> torch.Tensor:
+    """torch's fused attention of q/k/v ``[b, h, s, d]`` where ``allowed`` ``[..., s, s]`` -> ``[b, h, s, d]``; a
+    query allowed no key gets 0 (it attends to itself instead of producing NaN, then is zeroed)."""
+    blind = ~allowed.any(dim=-1, keepdim=True)  # [..., s, 1]
+    allowed = allowed | (blind & torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=softmax_scale).masked_fill(blind, 0.0)
 
 
 def slot_attention(
@@ -63,22 +75,13 @@ def slot_attention(
     query_cell = _batch_cell(query, attention_lengths, width, sink)  # [tq]
     key_cell = _batch_cell(key, attention_lengths, width, sink)  # [tk]
     q_batch = _scatter_rows(q, query_cell, sink).view(slots, width, *q.shape[1:])  # [n, L, h, d]
-    k_batch = _scatter_rows(k, key_cell, sink).view(slots, width, *k.shape[1:])
-    v_batch = _scatter_rows(v, key_cell, sink).view(slots, width, *v.shape[1:])
+    k_batch, v_batch = (_scatter_rows(x, key_cell, sink).view(slots, width, *x.shape[1:]) for x in (k, v))
     key_present = torch.zeros(sink + 1, dtype=torch.bool, device=q.device).index_fill(0, key_cell, True)
     causal = torch.ones(width, width, dtype=torch.bool, device=q.device).tril()  # [L, L]
     mask = causal & key_present[:sink].view(slots, 1, width)  # [n, L, L]
-    if not with_lse:
-        # cells that see no key (no query lives there, or it lies outside the attention length) attend to
-        # themselves instead of producing NaN; they are never read back
-        blind = ~mask.any(dim=-1, keepdim=True)  # [n, L, 1]
-        mask = mask | (blind & torch.eye(width, dtype=torch.bool, device=q.device))
-        out = F.scaled_dot_product_attention(
-            *(x.float().transpose(1, 2) for x in (q_batch, k_batch, v_batch)),  # [n, h, L, d]
-            attn_mask=mask.unsqueeze(1),
-            scale=softmax_scale,
-        ).transpose(1, 2)  # [n, L, h, d]
-        lse = None
+    if not with_lse:  # cells that see no key hold no query, or one outside the attention length: never read back
+        batch = (x.float().transpose(1, 2) for x in (q_batch, k_batch, v_batch))  # [n, h, L, d]
+        out, lse = masked_sdpa(*batch, mask.unsqueeze(1), softmax_scale).transpose(1, 2), None  # [n, L, h, d]
     else:
         out, lse = attention_block(q_batch, k_batch, v_batch, mask, softmax_scale)  # [n, L, h, d], [n, h, L]
         heads = lse.shape[1]
@@ -102,14 +105,7 @@ def _scatter_rows(x: torch.Tensor, cell: torch.Tensor, sink: int) -> torch.Tenso
 def merge_blocks(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine partial attentions over disjoint key sets, ``out = sum_i exp(lse_i - lse) * out_i``, stably:
     outs ``[tq, h, d]``, lses ``[h, tq]`` -> (out ``[tq, h, d]``, lse ``[h, tq]``); rows unseen everywhere give 0 / -inf."""
-    stacked_lse = torch.stack(list(lses))  # [blocks, h, tq]
-    top = stacked_lse.amax(dim=0, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
-    weights = torch.exp(stacked_lse - top)  # [blocks, h, tq]
-    total = weights.sum(dim=0)  # [h, tq]
-    seen = total > 0
-    safe_total = torch.where(seen, total, torch.ones_like(total))
-    scale = (weights / safe_total).permute(0, 2, 1).unsqueeze(-1)  # [blocks, tq, h, 1]
+    weights, lse = _normalise(torch.stack(list(lses)), dim=0)  # [blocks, h, tq], [1, h, tq]
+    scale = weights.permute(0, 2, 1).unsqueeze(-1)  # [blocks, tq, h, 1]
     out = (torch.stack(list(outs)) * scale).sum(dim=0)  # [tq, h, d]
-    lse = torch.where(seen, torch.log(safe_total) + top.squeeze(0), torch.full_like(total, float("-inf")))
-    return out, lse
+    return out, lse.squeeze(0)

@@ -1,7 +1,5 @@
-"""Where every row of a (local) THD stream sits: its slot and its offset inside the slot.
-
-Both follow from ``cu_seqlens_padded`` and the CP layout's ``partition`` (the cut the packing plan uses), read
-without a host sync: the stream total is ``cp_size * local_rows``."""
+"""Where every row of a (local) THD stream sits: its slot and in-slot offset, from ``cu_seqlens_padded`` and the CP
+layout's ``partition``, without a host sync (the stream total is ``cp_size * local_rows``)."""
 
 from __future__ import annotations
 

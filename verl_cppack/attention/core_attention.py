@@ -1,26 +1,35 @@
 """Megatron ``core_attention`` module: packed (THD) causal attention with context parallelism on any device.
 
-Built and called with Megatron's ``core_attention`` arguments. THD: q ``[t, heads, dim]``, k/v ``[t, groups, dim]``
-for this CP rank's rows, ``cu_seqlens_*_padded`` global, output ``[t, heads*dim]``; without ``packed_seq_params``
-(BSHD, CP=1): q ``[s, b, heads, dim]``, output ``[s, b, heads*dim]``. The CP group is ``pg_collection.cp``. The stock
-local attention rejects THD and CP; with CUDA and TE every call goes to TE (``te_dispatch``) unless ``use_te=False``."""
+THD: q ``[t, heads, dim]``, k/v ``[t, groups, dim]`` for this CP rank's rows, ``cu_seqlens_*_padded`` global, output
+``[t, heads*dim]``; without ``packed_seq_params`` (BSHD, CP=1): q ``[s, b, heads, dim]``, output ``[s, b, heads*dim]``.
+The CP group is ``pg_collection.cp``; with CUDA and TE every call goes to TE unless ``use_te=False``."""
 
 from __future__ import annotations
 
 import functools
-import math
+import importlib.util
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
 from verl_cppack.attention import IMPLEMENTATIONS, context_parallel_attention
-from verl_cppack.attention.blocks import expand_groups
-from verl_cppack.attention.te_dispatch import build_te_core_attention
+from verl_cppack.attention.blocks import expand_groups, masked_sdpa
 from verl_cppack.context import ParallelContext
+
+
+def build_te_core_attention(**megatron_kwargs: Any) -> torch.nn.Module | None:
+    """Megatron's ``TEDotProductAttention`` with our module's arguments on CUDA with TE installed (nothing imports TE
+    otherwise), else ``None``: one layer spec runs TE on a GPU node and the CPU reference elsewhere."""
+    if not torch.cuda.is_available() or importlib.util.find_spec("transformer_engine") is None:
+        return None
+    try:
+        from megatron.core.extensions.transformer_engine import TEDotProductAttention
+    except ImportError:  # TE present but broken / too old for this megatron-core: keep the reference path
+        return None
+    return TEDotProductAttention(**megatron_kwargs)
 
 
 class ContextParallelCoreAttention(MegatronModule):
@@ -102,8 +111,6 @@ class ContextParallelCoreAttention(MegatronModule):
         cu_seqlens_padded = packed_seq_params.cu_seqlens_q_padded  # storage offsets
         if cu_seqlens_padded is None:
             cu_seqlens_padded = cu_seqlens
-        if cu_seqlens is None:
-            cu_seqlens = cu_seqlens_padded
         out = context_parallel_attention(
             query,
             key,
@@ -130,12 +137,7 @@ class ContextParallelCoreAttention(MegatronModule):
         allowed = torch.ones(seq_len, seq_len, dtype=torch.bool, device=query.device).tril()  # [s, s]
         if attention_mask is not None:  # Megatron convention: True = masked out, [b, 1, s, s]
             allowed = allowed & ~attention_mask.bool()
-        # a query that may see no key (a padding row) attends to itself instead of producing NaN; zeroed below
-        blind = ~allowed.any(dim=-1, keepdim=True)  # [.., s, 1]
-        allowed = allowed | (blind & torch.eye(seq_len, dtype=torch.bool, device=query.device))
-        scale = self.softmax_scale if self.softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)  # [b, h, s, d]
-        out = out.masked_fill(blind, 0.0)
+        out = masked_sdpa(q, k, v, allowed, self.softmax_scale)  # [b, h, s, d]; padding rows 0
         return out.permute(2, 0, 1, 3).reshape(seq_len, batch, num_heads * head_dim)
 
 

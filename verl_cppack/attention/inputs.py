@@ -72,9 +72,8 @@ def local_attention_setup(
     softmax_scale: float | None,
     max_seqlen: int | None,
 ) -> tuple[float, torch.Tensor, int, torch.Tensor, StreamCoordinates]:
-    """Check the inputs of a CP attention call; return what every schedule starts from: the softmax scale, the
-    attention lengths ``[n]``, the batch width, every rank's stream positions ``[cp, t]`` and this rank's query
-    coordinates."""
+    """Check a CP attention call's inputs -> (softmax scale, attention lengths ``[n]``, batch width, every rank's
+    stream positions ``[cp, t]``, this rank's query coordinates)."""
     check_qkv(q, k, v)
     check_offsets(cu_seqlens_padded, cu_seqlens, q.device)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[2])

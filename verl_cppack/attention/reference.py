@@ -1,5 +1,4 @@
-"""Slow, obviously-correct oracle: causal attention document by document on the global THD stream (a Python
-loop over slots: what the fast paths are checked against, never a hot path)."""
+"""Slow, obviously-correct oracle: causal attention document by document on the global THD stream."""
 
 from __future__ import annotations
 

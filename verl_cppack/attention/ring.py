@@ -1,9 +1,7 @@
-"""Zigzag ring attention: K/V travel around the CP ring by point-to-point send/recv.
+"""Zigzag ring attention: K/V travel around the CP ring by point-to-point send/recv (Transformer Engine's schedule).
 
-Transformer Engine's schedule for the zigzag layout (rank ``r`` holds chunks ``r`` and ``2*CP-1-r`` of every slot):
-at step ``i`` rank ``r`` holds rank ``s = (r - i) mod CP``'s K/V; ``i == 0`` all local queries against all local
-keys, ``s < r`` against the first half of the received K/V, ``s > r`` only the second half of the local queries against
-all of it. Blocks merge by log-sum-exp; the ring shift's backward sends the K/V gradient the other way round."""
+Rank ``r`` holds chunks ``r`` and ``2*CP-1-r`` of every slot and at step ``i`` rank ``(r - i) mod CP``'s K/V; blocks
+merge by log-sum-exp, and the ring shift's backward sends the K/V gradient the other way round."""
 
 from __future__ import annotations
 
@@ -73,21 +71,16 @@ def ring_attention(
         if step > 0:
             kv = _RingShift.apply(kv, ctx)
         key = coordinates_of(partition[(rank - step) % size], cu_seqlens_padded)
-        if step == 0:
-            query_rows, key_rows = None, None
-        elif step <= rank:
-            query_rows, key_rows = None, first_half
-        else:
-            query_rows, key_rows = second_half, None
-        block_kv = kv if key_rows is None else kv.index_select(0, key_rows)
-        block_key = key if key_rows is None else key.take(key_rows)
-        block_q = q if query_rows is None else q.index_select(0, query_rows)
-        block_query = query if query_rows is None else query.take(query_rows)
+        block_q, block_query, block_kv, block_key = q, query, kv, key
+        if 0 < step <= rank:  # all local queries against the first half of the received K/V
+            block_kv, block_key = kv.index_select(0, first_half), key.take(first_half)
+        elif step > rank:  # the second half of the local queries against all of it
+            block_q, block_query = q.index_select(0, second_half), query.take(second_half)
         block_k, block_v = (expand_groups(x, num_heads) for x in block_kv.split(head_dim, dim=-1))
         out, lse = slot_attention(block_q, block_k, block_v, block_query, block_key, lengths, width, scale)
-        if query_rows is not None:  # back to all local rows; untouched rows saw nothing (lse = -inf)
-            out = out.new_zeros((rows, num_heads, head_dim)).index_copy(0, query_rows, out)
-            lse = lse.new_full((num_heads, rows), float("-inf")).index_copy(1, query_rows, lse)
+        if step > rank:  # back to all local rows; untouched rows saw nothing (lse = -inf)
+            out = out.new_zeros((rows, num_heads, head_dim)).index_copy(0, second_half, out)
+            lse = lse.new_full((num_heads, rows), float("-inf")).index_copy(1, second_half, lse)
         outs.append(out)
         lses.append(lse)
     out, _ = merge_blocks(outs, lses)

@@ -1,24 +1,14 @@
-"""The one rollout-batch maker, for the bench, the benchmarks, the CLI checks and the tests.
-
-``rollout_batch(batch_size, seq_len, *, padding="rollout", prompt_len=None, shortest=1, short_rows=None,
-vocab_size=32_000, seed=0, generator=None) -> (input_ids [B, S] int64, attention_mask [B, S] bool)``
+"""The one rollout-batch maker (``rollout_batch``), for the bench, the benchmarks, the CLI checks and the tests.
 
 * ``padding="rollout"`` (the default, what RL rollouts look like): the first ``prompt_len`` columns (default
   ``S // 2``) hold a left-padded prompt of 1..prompt_len tokens, the rest a right-padded response of
-  ``shortest``..S-prompt_len tokens with a long tail towards short ones (some hit the limit). ``shortest=0`` allows
-  empty responses.
+  ``shortest``..S-prompt_len tokens, long-tailed towards short ones. ``shortest=0`` allows empty responses.
 * ``padding="anywhere"``: each row holds ``shortest``..S real tokens placed anywhere: half the rows one run of
   tokens (left, right or middle padding), the others scattered (gaps). ``shortest=0`` allows empty rows.
-* ``short_rows``: the share of rows made 3 tokens or fewer (a 1-token prompt and a response of ``shortest``..
-  ``shortest + 2`` tokens, or ``shortest``..max(shortest, 3) tokens anywhere); default 0 for "rollout", 0.3 for
-  "anywhere".
-* ids are uniform in ``[1, vocab_size)``, drawn after the mask. With ``generator`` the batch is drawn from it (and
-  ``seed`` is unused), so a caller draws its extra tensors (labels, positions, embeddings) from the same stream;
-  ``padding="anywhere", vocab_size=1000`` gives the masks and ids of the release check's batches.
-
-``micro_batch`` adds verl's labels and label mask (``MicroBatch``), ``EngineMicroBatch.of`` the jagged form verl's
-engine forward packs, ``batch_seed`` the seed of a bench point's ``index``-th micro-batch.
-"""
+* ``short_rows``: the share of rows made 3 tokens or fewer (a 1-token prompt and ``shortest``..``shortest + 2``
+  response tokens, or ``shortest``..max(shortest, 3) tokens anywhere); default 0 for "rollout", 0.3 for "anywhere".
+* ids are uniform in ``[1, vocab_size)``, drawn after the mask. With ``generator`` the batch is drawn from it
+  (``seed`` unused), so a caller draws its extra tensors from the same stream."""
 
 from __future__ import annotations
 
@@ -41,7 +31,7 @@ def rollout_batch(
     seed: int = 0,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids [B, S] int64, attention_mask [B, S] bool)``: see the module docstring."""
+    """``(input_ids [B, S] int64, attention_mask [B, S] bool)``: see the module docstring for the arguments."""
     if padding not in PADDINGS:
         raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
     generator = generator if generator is not None else torch.Generator().manual_seed(seed)
@@ -96,8 +86,7 @@ class MicroBatch:
 
     @property
     def shape(self) -> tuple[int, int]:
-        batch_size, seq_len = self.attention_mask.shape
-        return batch_size, seq_len
+        return tuple(self.attention_mask.shape)  # (B, S)
 
     def clone(self) -> MicroBatch:
         """The same values in new storage: a plan keyed on, or cached by, an earlier batch's tensors cannot match."""
@@ -128,8 +117,7 @@ def _jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class EngineMicroBatch:
-    """What verl's engine forward (``gptmodel_forward_model_engine``) packs per micro-batch: jagged ``[B, j]`` tensors
-    of the real tokens (the same rollout batch as ``MicroBatch``), as new tensors sharing one offsets tensor."""
+    """What verl's engine forward packs per micro-batch: jagged ``[B, j]`` real tokens sharing one offsets tensor."""
 
     input_ids: torch.Tensor  # [B, j] int64 nested (jagged)
     labels: torch.Tensor  # [B, j] int64 nested: verl rolls them itself (need_roll=True)
@@ -148,8 +136,7 @@ class EngineMicroBatch:
         return self.input_ids.size(0)
 
     def clone(self) -> EngineMicroBatch:
-        """The same values in new storage, the three sharing one new offsets tensor (as verl's do: its labels are a
-        ``clone`` of the ids and its temperatures ``expand_as_nested`` of them)."""
+        """The same values in new storage, the three sharing one new offsets tensor (as verl's do)."""
         offsets = self.input_ids.offsets().clone()
         return EngineMicroBatch(*(_jagged(t.values().clone(), offsets) for t in self.tensors))
 

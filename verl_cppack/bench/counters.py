@@ -17,12 +17,9 @@ SYNCING_OPS = frozenset(
 class OpCounter(TorchDispatchMode):
     """Counts every ATen op dispatched inside the ``with`` block, and the syncing ones among them.
 
-    It also tracks bytes of newly allocated tensor storage alive at once (``peak_bytes``): a CPU stand-in
-    for ``torch.cuda.max_memory_allocated`` that sees only allocations made inside the block. Tensors made from
-    numpy arrays inside the block (``torch.from_numpy``: verl_cppack's host tables, sent to the device) are
-    tracked too: on an accelerator they are copied there by an op that allocates, on the CPU they share the
-    array's memory and dispatch no op, so without this their bytes would go uncounted.
-    """
+    ``peak_bytes``: the most bytes of storage allocated inside the block alive at once (a CPU stand-in for
+    ``torch.cuda.max_memory_allocated``). ``torch.from_numpy`` tensors count too: they dispatch no op on the CPU,
+    but on an accelerator their copy allocates."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -105,10 +102,9 @@ HOST_READS = ("read_to_host", "host_memory")  # verl_cppack.core.host: each stan
 
 
 class HostReadCounter:
-    """Host reads that dispatch no ATen op on the CPU, counted by wrapping them for the duration of the ``with``
-    block: ``Tensor.tolist`` (verl's) and ``verl_cppack.core.host``'s reads (``HOST_READS``: on an accelerator each
-    is one device->host copy that waits for the device). A read made inside another counted read is not counted
-    again. ``RuntimeError`` when ``core.host`` has none of them (the counter would miss the library's reads)."""
+    """Host reads that dispatch no ATen op on the CPU, wrapped for the ``with`` block: ``Tensor.tolist`` and
+    ``core.host``'s ``HOST_READS`` (each a waiting device->host copy on an accelerator); nested reads count once.
+    ``RuntimeError`` when ``core.host`` has none of them (the library's reads would be missed)."""
 
     def __enter__(self) -> HostReadCounter:
         from verl_cppack.core import host

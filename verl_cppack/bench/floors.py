@@ -2,17 +2,11 @@
 
 - preprocess floor: its three copies alone with the index given, one ``index_select`` each of ``input_ids``,
   labels and the label mask (``[B, S]`` -> ``[1, T_local]``);
-- postprocess floor: per output (log-probs, entropy), its all-gather alone (none at CP=1) plus one copy into
-  ``[B, S]`` with the index given: the gathered stream scattered into zeros (one ``scatter_``: it touches the
-  stream's positions, not the output's rows, the fastest copy into ``[B, S]`` measured here; padding positions land
-  on one row past the output, dropped).
+- postprocess floor: per output (log-probs, entropy), its all-gather alone (none at CP=1) plus one ``scatter_`` of
+  the gathered stream into zeros ``[B, S]`` (the fastest such copy; padding positions land past the output).
 
-The indices are computed before the timed calls, with verl's own ``preprocess_packed_seqs`` and
-``postprocess_packed_seqs`` applied to position numbers, so the floors move exactly the bytes verl's layout moves
-(and depend on nothing of verl_cppack). A packer's time over its floor is what planning, reading the mask and its
-own glue cost. The engine path (``preprocess_thd_engine`` / ``postprocess_thd_engine``, jagged inputs and outputs)
-has its own floors of the same kind: copies from the jagged values, and all-gathers plus one copy into them.
-"""
+The indices come untimed from verl's own functions applied to position numbers, so the floors move exactly the bytes
+verl's layout moves. The engine path (jagged inputs and outputs) has floors of the same kind."""
 
 from __future__ import annotations
 
@@ -64,11 +58,7 @@ def postprocess_floor(
     """Each ``[1, T_local]`` output all-gathered and scattered once into ``[B, S]`` (zeros off the mask)."""
     results, rows = [], shape[0] * shape[1]
     for output in outputs:
-        stream = output.reshape(-1)  # [T_local]
-        if index.cp_size > 1:
-            gathered = stream.new_empty(index.cp_size * index.local_length)
-            all_gather_into(gathered, stream, group)
-            stream = gathered
+        stream = _gathered(output, index, group)
         full = stream.new_zeros(rows + 1).scatter_(0, index.unpack, stream)  # the last row takes the padding
         results.append(full[:rows].view(shape))
     return results
@@ -76,11 +66,19 @@ def postprocess_floor(
 
 def all_gathers_alone(outputs: tuple[torch.Tensor, ...], index: FloorIndex, group: Any) -> None:
     """The postprocess's all-gathers and nothing else (nothing at CP=1)."""
+    if index.cp_size > 1:
+        for output in outputs:
+            _gathered(output, index, group)
+
+
+def _gathered(output: torch.Tensor, index: FloorIndex | EngineFloorIndex, group: Any) -> torch.Tensor:
+    """``output`` ``[1, T_local]`` all-gathered over the CP group: ``[cp * T_local]`` (at CP=1 itself, flat)."""
+    local = output.reshape(-1)  # [T_local]
     if index.cp_size == 1:
-        return
-    for output in outputs:
-        local = output.reshape(-1)
-        all_gather_into(local.new_empty(index.cp_size * index.local_length), local, group)
+        return local
+    gathered = local.new_empty(index.cp_size * index.local_length)
+    all_gather_into(gathered, local, group)
+    return gathered
 
 
 # ------------------------------------------------------------- the engine path (jagged inputs and outputs)
@@ -124,13 +122,4 @@ def engine_postprocess_floor(
     outputs: tuple[torch.Tensor, ...], index: EngineFloorIndex, group: Any
 ) -> list[torch.Tensor]:
     """Each ``[1, T_local]`` output all-gathered and copied once into the jagged values ``[N]``."""
-    results = []
-    for output in outputs:
-        local = output.reshape(-1)  # [T_local]
-        if index.cp_size == 1:
-            results.append(local.index_select(0, index.unpack))
-            continue
-        gathered = local.new_empty(index.cp_size * index.local_length)
-        all_gather_into(gathered, local, group)
-        results.append(gathered.index_select(0, index.unpack))
-    return results
+    return [_gathered(output, index, group).index_select(0, index.unpack) for output in outputs]

@@ -1,11 +1,7 @@
 """Keep freed host memory in the process while benchmarking on the CPU (glibc ``mallopt``).
 
-By default glibc hands large freed buffers back to the operating system (``mmap`` chunks, heap trimming), so
-the next micro-batch's buffers of the same size are fresh pages, and first-touch page faults (about a
-microsecond per 4 KiB page on a VM) land on whichever allocation the heuristics pick that run: identical runs
-then move by up to 2x. On GPUs the caching allocator keeps memory for both implementations; this does the same
-for the host heap. It applies to every implementation in the process alike.
-"""
+glibc returns large freed buffers to the OS, so first-touch page faults land on whichever allocation its heuristics
+pick and identical runs differ; this keeps the heap as a GPU caching allocator would, for every implementation alike."""
 
 from __future__ import annotations
 
@@ -19,10 +15,9 @@ def keep_freed_memory() -> bool:
     """Raise glibc's trim and mmap thresholds (to 1 GiB and its 32 MiB maximum); ``False`` without glibc."""
     name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
+        mallopt = ctypes.CDLL(name).mallopt if name else None
     except (OSError, AttributeError):
-        return False
+        mallopt = None
     if mallopt is None:
         return False
     settings = ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 1 << 30), (_M_TOP_PAD, 64 << 20))

@@ -7,8 +7,10 @@ log-probs and entropy: two ``postprocess_packed_seqs`` calls, all-gather include
 batch**: new mask, ids, labels and label-mask tensors with new lengths (as in training), so no plan of an earlier
 micro-batch can be reused; each contender gets its own copy of the same values. verl, verl_cppack and the floor
 run in the same processes, one micro-batch each in turn (the order rotates every micro-batch), inside real gloo
-CP groups (one process per CP rank, ``runtime.gloo_world.run_world``). Times are rank 0's, each call started
-together on every rank: medians over the timed micro-batches, then over runs (fresh process groups).
+CP groups (one process per CP rank, ``runtime.gloo_world.run_world``). Times are rank 0's: medians over the timed
+micro-batches, then over runs (fresh process groups). A postprocess starts together on every rank (its all-gathers
+need them all); a preprocess, which communicates nothing, runs on one rank at a time while the others wait at a
+barrier: on a cluster every rank has CPU cores of its own, where here CP ranks would share the machine's two.
 
 Also counted, once per point on one more new batch: ATen ops dispatched, host syncs (ops that sync on an
 accelerator, plus ``Tensor.tolist`` and verl_cppack's one host read) and peak extra memory (bytes of the tensors
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -41,14 +43,7 @@ from verl_cppack.bench.host_allocator import keep_freed_memory
 from verl_cppack.bench.ratios import ratios
 from verl_cppack.bench.settings import BenchSettings
 from verl_cppack.bench.vlm_masks import measure_vlm_masks
-from verl_cppack.bench.vlm_masks import median_over_runs as vlm_median_over_runs
 from verl_cppack.runtime.gloo_world import run_world
-
-IMPLEMENTATIONS = ("verl", "verl_cppack")
-CONTENDERS = (*IMPLEMENTATIONS, "floor")
-TIMINGS = ("preprocess_ms", "postprocess_ms", "step_ms")
-SPREADS = ("preprocess_spread", "postprocess_spread")  # the noise ``targets.py`` allows at B=1
-FLOOR_TIMINGS = (*TIMINGS, "all_gathers_ms")
 
 
 # ---------------------------------------------------------------- the contenders
@@ -58,7 +53,7 @@ class UtilFunctions:
     def __init__(self, module: Any) -> None:
         self.module = module
 
-    def prepare(self, batch: MicroBatch) -> None:
+    def prepare(self, batch: Any) -> None:
         return None
 
     def preprocess(self, batch: MicroBatch, prepared: None) -> tuple[torch.Tensor, Any]:
@@ -74,15 +69,9 @@ class UtilFunctions:
         return [self.module.postprocess_packed_seqs(o, params, mask, batch_size, seq_len) for o in outputs]
 
 
-class EngineFunctions:
+class EngineFunctions(UtilFunctions):
     """The engine path of verl's forward (``gptmodel_forward_model_engine``): three ``preprocess_thd_engine`` calls
     (ids, labels rolled by verl, per-token temperature) and two ``postprocess_thd_engine`` calls, jagged in and out."""
-
-    def __init__(self, module: Any) -> None:
-        self.module = module
-
-    def prepare(self, batch: EngineMicroBatch) -> None:
-        return None
 
     def preprocess(self, batch: EngineMicroBatch, prepared: None) -> tuple[torch.Tensor, Any]:
         packed_ids, params, _ = self.module.preprocess_thd_engine(batch.input_ids, pre_process=True)
@@ -139,19 +128,23 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """(seconds, result) of ``fn`` started together on every rank of the group."""
-    dist.barrier()
-    _synchronize()
-    begin = time.perf_counter()
-    result = fn()
-    _synchronize()
-    return time.perf_counter() - begin, result
+def _timed(fn: Callable[[], Any], *, alone: bool = False) -> tuple[float, Any]:
+    """(seconds, result) of ``fn`` started together on every rank of the group; ``alone``: run by one rank at a
+    time, the others waiting at a barrier (for work that communicates nothing: see the module docstring)."""
+    for turn in range(dist.get_world_size()) if alone else (None,):
+        dist.barrier()
+        if turn is None or turn == dist.get_rank():
+            _synchronize()
+            begin = time.perf_counter()
+            result = fn()
+            _synchronize()
+            seconds = time.perf_counter() - begin
+    return seconds, result
 
 
 def _time_unit(contender: Any, batch: MicroBatch) -> dict[str, float]:
     prepared = contender.prepare(batch)
-    pre_s, (packed_ids, params) = _timed(lambda: contender.preprocess(batch, prepared))
+    pre_s, (packed_ids, params) = _timed(lambda: contender.preprocess(batch, prepared), alone=True)
     outputs = model_outputs(packed_ids)
     post_s, _ = _timed(lambda: contender.postprocess(batch, params, outputs))
     times = {"preprocess_ms": pre_s * 1e3, "postprocess_ms": post_s * 1e3, "step_ms": (pre_s + post_s) * 1e3}
@@ -296,10 +289,10 @@ def run_benchmark(settings: BenchSettings) -> list[dict[str, Any]]:
     backend = "nccl" if settings.device == "cuda" else "gloo"
     rows: list[dict[str, Any]] = []
     for cp_size in settings.cp_sizes:
-        runs = []
-        for _ in range(settings.runs):
-            world = run_world(_rank, cp_size, settings, backend=backend, torch_threads=settings.threads)
-            runs.append(world[0])
+        runs = [
+            run_world(_rank, cp_size, settings, backend=backend, torch_threads=settings.threads)[0]
+            for _ in range(settings.runs)
+        ]
         rows.extend(median_over_runs(point_runs) for point_runs in zip(*runs))
     return rows
 
@@ -308,12 +301,19 @@ def median_over_runs(point_runs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     """One point measured in several runs -> the first run's row with every time the median over the runs (the
     times of one process drift together by up to ±20% on a shared VM; counts and sizes do not change), plus each
     run's own preprocess and postprocess ratios (``ratio_by_run``)."""
-    row = {**point_runs[0], "runs": len(point_runs)}
+    row = {**_medians(point_runs), "runs": len(point_runs)}
     row["ratio_by_run"] = {stage: [ratios(run)[stage] for run in point_runs] for stage in ("preprocess", "postprocess")}
-    for name in CONTENDERS:
-        if name in row:
-            keys = (*FLOOR_TIMINGS, *SPREADS) if name == "floor" else (*TIMINGS, *SPREADS)
-            row[name] = {**row[name], **{t: statistics.median(run[name][t] for run in point_runs) for t in keys}}
-    if "vlm_masks" in row:
-        row["vlm_masks"] = vlm_median_over_runs([run["vlm_masks"] for run in point_runs])
     return row
+
+
+def _medians(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The first run's dict, nested ones alike, with every time (``ms``, ``*_ms``, and the ``*_spread`` that
+    ``targets.py`` allows as noise) the median over ``runs``."""
+    return {
+        key: _medians([run[key] for run in runs])
+        if isinstance(value, dict)
+        else statistics.median(run[key] for run in runs)
+        if key == "ms" or key.endswith(("_ms", "_spread"))
+        else value
+        for key, value in runs[0].items()
+    }

@@ -1,15 +1,15 @@
-"""The derived figures of one bench row: speed-ups against verl, and how far verl_cppack stands from the floor."""
+"""The derived figures of one bench row (speed-ups against verl, distance to the floor) and their formatting."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
 def ratios(row: dict[str, Any]) -> dict[str, float]:
     """``preprocess`` / ``postprocess`` / ``step``: verl's time over verl_cppack's (above 1: faster than verl);
-    ``preprocess_floor`` / ``postprocess_floor``: verl's time over the floor's (the copies-only ratio: what a packer
-    whose planning cost nothing would reach); ``preprocess_of_floor``: the floor's time over verl_cppack's (1: at
-    the floor); ``postprocess_above_floor_ms``: verl_cppack's postprocess minus the floor's."""
+    ``preprocess_floor`` / ``postprocess_floor``: verl's time over the floor's; ``preprocess_of_floor``: the floor's
+    over verl_cppack's (1: at the floor); ``postprocess_above_floor_ms``: our postprocess minus the floor's."""
     verl, ours, floor = row["verl"], row["verl_cppack"], row["floor"]
     return {
         "preprocess": verl["preprocess_ms"] / ours["preprocess_ms"],
@@ -26,3 +26,8 @@ def span(values: list[float], digits: int = 1) -> str:
     """``low–high`` of ``values`` at ``digits`` decimals (one figure where they round alike)."""
     low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
     return low if low == high else f"{low}–{high}"
+
+
+def table(header: str, lines: Iterable[str]) -> str:
+    """A markdown table: ``header`` (``| a | b |``), its rule, then ``lines``."""
+    return "\n".join([header, "|" + "---|" * (header.count("|") - 1), *lines])

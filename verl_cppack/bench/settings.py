@@ -28,8 +28,7 @@ def check_grid(batch_sizes: tuple[int, ...], seq_lens: tuple[int, ...], cp_sizes
 
 
 def require_sizes(**options: int) -> None:
-    """Sizes a benchmark script takes one of each (``batch_size=1, seq_len=8192, repeats=20``): every one >= 1 and a
-    ``seq_len`` >= ``MIN_SEQ_LEN``; the error names the option as typed (``--seq-len``)."""
+    """A benchmark script's sizes: each >= 1, ``seq_len`` >= ``MIN_SEQ_LEN``; errors name the flag (``--seq-len``)."""
     for name, value in options.items():
         minimum = MIN_SEQ_LEN if name == "seq_len" else 1
         if value < minimum:
@@ -74,8 +73,7 @@ FUNCTIONS = ("legacy", "engine")
 @dataclass(frozen=True)
 class BenchSettings:
     """The default grid is the sizes context-parallel users run: one to a few long sequences per micro-batch
-    (B=1, 4) up to the large batches of short rollouts (B=256). A full default run takes 5-9 minutes on a 2-core CPU
-    machine (9 with its 1-minute load average at 3-6)."""
+    (B=1, 4) up to the large batches of short rollouts (B=256)."""
 
     batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
     seq_lens: tuple[int, ...] = (1024, 4096, 8192)

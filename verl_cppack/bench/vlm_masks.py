@@ -1,12 +1,7 @@
 """The VLM mask builders in ``verl-cppack bench``: verl's ``build_vlm_attn_mask_thd`` / ``_bshd`` against the drop-ins.
 
-verl calls them on every vision-language micro-batch (0.8+): a jagged batch of token ids becomes padded rows and a
-bool mask, built with a Python loop over the rows and a host read per row. Measured at CP=1 (the builders
-communicate nothing; CP only rounds the row length) on the bench's rollout batches, every call on a new jagged
-batch (so verl_cppack pays its one host read of the longest sequence every time, which in verl's forward the
-preceding ``preprocess_thd_engine`` has already paid): time per call (median of the repeats, the two
-implementations' calls alternating), ATen ops and host syncs.
-"""
+Measured at CP=1 (the builders communicate nothing), every call on a new jagged batch, so verl_cppack pays the host
+read of the longest sequence that verl's forward has already paid: time per call, ATen ops and host syncs."""
 
 from __future__ import annotations
 
@@ -18,7 +13,7 @@ import torch
 
 from verl_cppack.bench.batches import EngineMicroBatch, batch_seed, micro_batch
 from verl_cppack.bench.counters import HostReadCounter, OpCounter
-from verl_cppack.bench.ratios import span
+from verl_cppack.bench.ratios import span, table
 
 BUILDERS = ("thd", "bshd")
 PAD_TOKEN_ID = 0
@@ -50,9 +45,8 @@ def _counted(impl: Any, builder: str, nested: torch.Tensor) -> dict[str, int]:
 def measure_vlm_masks(
     verl_util: Any, ours: Any, batch_size: int, seq_len: int, repeats: int, warmup: int, device: str = "cpu"
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """``{builder: {"verl": ..., "verl_cppack": ...}}``: median ms per call, the two implementations' calls
-    alternating on copies of the same new batch (both see the same state of the machine and of the allocator;
-    timed one block after the other, the same call moved by up to 2x between blocks), then the counts."""
+    """``{builder: {"verl": ..., "verl_cppack": ...}}``: median ms per call, then the counts. The implementations'
+    calls alternate on copies of the same new batch, so both see the same machine and allocator state."""
     impls = {"verl": verl_util, "verl_cppack": ours}
     names = list(impls)
     measured = {}
@@ -74,26 +68,13 @@ def measure_vlm_masks(
     return measured
 
 
-def median_over_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One point's VLM measurements of several runs -> the first with every time the median over the runs."""
-    merged = {builder: {impl: dict(values) for impl, values in runs[0][builder].items()} for builder in BUILDERS}
-    for builder in BUILDERS:
-        for impl in ("verl", "verl_cppack"):
-            merged[builder][impl]["ms"] = statistics.median(run[builder][impl]["ms"] for run in runs)
-    return merged
-
-
 def ratio(row: dict[str, Any], builder: str) -> float:
     vlm = row["vlm_masks"][builder]
     return vlm["verl"]["ms"] / vlm["verl_cppack"]["ms"]
 
 
 def vlm_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| S | B | verl thd ms | ours thd ms | thd × | verl bshd ms | ours bshd ms | bshd × | ops verl / ours (thd) "
-        "| syncs verl / ours (thd) |",
-        "|" + "---|" * 10,
-    ]
+    lines = []
     for row in rows:
         if "vlm_masks" not in row:
             continue
@@ -104,7 +85,10 @@ def vlm_table(rows: list[dict[str, Any]]) -> str:
             f"| **{ratio(row, 'bshd'):.1f}** | {thd['verl']['aten_ops']} / {thd['verl_cppack']['aten_ops']} "
             f"| {thd['verl']['host_syncs']} / {thd['verl_cppack']['host_syncs']} |"
         )
-    return "\n".join(lines)
+    header = (
+        "| S | B | verl thd ms | ours thd ms | thd × | verl bshd ms | ours bshd ms | bshd × | ops verl / ours (thd) "
+    )
+    return table(header + "| syncs verl / ours (thd) |", lines)
 
 
 def vlm_summary(rows: list[dict[str, Any]]) -> list[str]:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from verl_cppack.cli import add_command, error
 from verl_cppack.context import ParallelContext
 from verl_cppack.packing.builders import plan_from_lengths
 
@@ -20,17 +20,15 @@ def describe(cp_size: int, layout: str, tp_size: int = 1) -> list[str]:
         plan = plan_from_lengths(
             lengths, ParallelContext(tp_size=tp_size, cp_size=cp_size, cp_rank=rank), layout=layout
         )
-        stream = ["P"] * plan.total_length
-        for position, source in enumerate(plan.stream_source.tolist()):
-            if source < plan.source_rows:
-                stream[position] = tokens[source]
+        stream = [tokens[source] if source < plan.source_rows else "P" for source in plan.stream_source.tolist()]
         if rank == 0:
-            lines.append(f"layout={layout} cp={cp_size} tp={tp_size}")
-            lines.append(f"  cu_seqlens        = {plan.cu_seqlens.tolist()}")
-            lines.append(
-                f"  cu_seqlens_padded = {plan.cu_seqlens_padded.tolist()}  max_seqlen_padded = {plan.max_seqlen_padded}"
-            )
-            lines.append(f"  packed stream     = {' '.join(stream)}")
+            lines += [
+                f"layout={layout} cp={cp_size} tp={tp_size}",
+                f"  cu_seqlens        = {plan.cu_seqlens.tolist()}",
+                f"  cu_seqlens_padded = {plan.cu_seqlens_padded.tolist()}  "
+                f"max_seqlen_padded = {plan.max_seqlen_padded}",
+                f"  packed stream     = {' '.join(stream)}",
+            ]
         local_tokens = [stream[position] for position in plan.local_index.tolist()]
         lines.append(
             f"  rank {rank}: index {plan.local_index.tolist()} -> {' '.join(local_tokens)} "
@@ -42,17 +40,13 @@ def describe(cp_size: int, layout: str, tp_size: int = 1) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     for flag, value in (("--cp", args.cp), ("--tp", args.tp)):
         if value < 1:
-            print(f"error: {flag} must be >= 1, got {value}", file=sys.stderr)
-            return 2
+            return error(f"{flag} must be >= 1, got {value}")
     for cp_size, layout in ((1, "zigzag"), (args.cp, "zigzag"), (args.cp, "contiguous")):
         print("\n".join(describe(cp_size, layout, args.tp)))
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "demo", help="print the worked example's packed layout per CP rank", description=__doc__
-    )
+    parser = add_command(subparsers, "demo", "print the worked example's packed layout per CP rank", __doc__, run)
     parser.add_argument("--cp", type=int, default=2, help="context-parallel size (default 2)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
-    parser.set_defaults(func=run)

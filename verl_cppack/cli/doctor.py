@@ -1,14 +1,13 @@
 """``verl-cppack doctor``: versions, the verl util API generation, and whether (and where) the patch is in.
 
-By default nothing heavy is imported: versions come from package metadata, and the verl API generation and which
-of verl's packing functions the drop-ins stand in for (and why any util function is left to verl: a parameter
-the drop-in does not know, or no drop-in for it) from the source of ``verl/models/mcore/util.py``, read with
-``ast``. ``--verify`` installs the patch in this process, imports verl's caller modules and lists which of them
-now hold the drop-ins, then calls each replaced function on random batches at CP=1 through the runtime check
-(``self_check``: ``runtime_check.VerifiedDropIn``, as an untested release's first calls are checked), which puts back
-any whose results differ from verl's beyond the intended differences; it exits 1 when a util function is left to verl or
-put back, a caller is not covered or a CPU fix is refused. ``--json`` prints the report alone on standard output
-(what the imported libraries print meanwhile goes to standard error), so it can be piped to a JSON reader.
+By default nothing heavy is imported: versions come from package metadata, the verl API generation and which of
+verl's packing functions the drop-ins stand in for (and why any util function is left to verl: a parameter the drop-in
+does not know, or no drop-in for it) from ``verl/models/mcore/util.py`` read with ``ast``. ``--verify`` installs the
+patch here, imports verl's caller modules and lists which hold the drop-ins, then calls each replaced function on
+random batches at CP=1 through the runtime check (``self_check``: ``runtime_check.VerifiedDropIn``, as an untested
+release's first calls are checked), which puts back any whose results differ from verl's beyond the intended
+differences; it exits 1 when a util function is left to verl or put back, a caller is not covered or a CPU fix is
+refused. ``--json`` prints the report alone on standard output (what libraries print meanwhile goes to standard error).
 """
 
 from __future__ import annotations
@@ -17,24 +16,21 @@ import argparse
 import ast
 import contextlib
 import importlib
-import importlib.metadata
 import importlib.util
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-DISTRIBUTIONS = {
-    "torch": ("torch",),
-    "verl": ("verl",),
-    "megatron-core": ("megatron-core", "megatron_core"),
-    "transformer-engine": ("transformer-engine", "transformer_engine", "transformer-engine-torch"),
-    "flash-attn": ("flash-attn", "flash_attn"),
-    "megatron-bridge": ("megatron-bridge", "megatron_bridge"),
-    "verl-cppack": ("verl-cppack", "verl_cppack"),
-}
+from verl_cppack.cli import add_command
+from verl_cppack.runtime.checked_fix import installed_version
+
+# label -> its distributions, the first one installed giving the version (names match as pip normalizes them)
+LABELS = ("torch", "verl", "megatron-core", "transformer-engine", "flash-attn", "megatron-bridge", "verl-cppack")
+DISTRIBUTIONS = {label: (label,) for label in LABELS}
+DISTRIBUTIONS["transformer-engine"] += ("transformer-engine-torch",)
 CALLER_MODULES = (
     "verl.models.mcore.model_forward",
     "verl.models.mcore.model_forward_fused",
@@ -45,16 +41,18 @@ CALLER_MODULES = (
 
 
 def installed_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for label, names in DISTRIBUTIONS.items():
-        versions[label] = None
-        for name in names:
-            try:
-                versions[label] = importlib.metadata.version(name)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
-    return versions
+    return {label: next(filter(None, map(installed_version, names)), None) for label, names in DISTRIBUTIONS.items()}
+
+
+def _import_errors(modules: Iterable[str]) -> dict[str, str]:
+    """Import each module here; the error of each that could not be imported, by module."""
+    errors = {}
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as error:  # noqa: BLE001 - e.g. Transformer Engine missing on a CPU machine
+            errors[module] = f"{type(error).__name__}: {error}"
+    return errors
 
 
 def util_source_path() -> Path | None:
@@ -67,9 +65,8 @@ def util_source_path() -> Path | None:
 
 
 def generation_from_source(path: Path) -> dict[str, Any]:
-    """Read from util's source: the API generation (``patching.detect_generation``), the packing functions the
-    drop-ins stand in for (``replaceable``) and those left to verl with the reason (``left_to_verl``), as
-    ``install`` would decide them (``patching.plan_replacements``)."""
+    """From util's source, as ``install`` would decide (``patching``): the API generation, the functions the drop-ins
+    stand in for (``replaceable``) and those left to verl with the reason (``left_to_verl``)."""
     from verl_cppack.integrations.verl.comparison import NOT_PACKING
     from verl_cppack.integrations.verl.patching import DROPINS, VerlFunction, detect_generation, plan_replacements
 
@@ -94,32 +91,19 @@ def cpu_fix_report(verify: bool) -> list[dict[str, Any]]:
     from packaging.version import Version
 
     from verl_cppack import runtime
-    from verl_cppack.runtime.checked_fix import installed_version
     from verl_cppack.runtime.cpu_fixes import FIXES
 
     if verify:
         runtime.activate()
-        for fix in FIXES:
-            with contextlib.suppress(Exception):  # a refused fix or a missing package shows up in its state
-                importlib.import_module(fix.module)
+        _import_errors(fix.module for fix in FIXES)  # a refused fix or a missing package shows up in its state
     states = {status.fix.name: status for status in runtime.report()}
     rows = []
     for fix in FIXES:
-        installed = installed_version(fix.distribution)
-        status = states.get(fix.name)
-        rows.append(
-            {
-                "name": fix.name,
-                "fixes": fix.fixes,
-                "module": fix.module,
-                "distribution": fix.distribution,
-                "versions": fix.versions,
-                "installed": installed,
-                "version_ok": installed is not None and Version(installed) in SpecifierSet(fix.versions),
-                "state": status.state if status else "not armed",
-                "detail": status.detail if status else "",
-            }
-        )
+        installed, status = installed_version(fix.distribution), states.get(fix.name)
+        state, detail = (status.state, status.detail) if status else ("not armed", "")
+        version_ok = installed is not None and Version(installed) in SpecifierSet(fix.versions)
+        row = {key: getattr(fix, key) for key in ("name", "fixes", "module", "distribution", "versions")}
+        rows.append({**row, "installed": installed, "version_ok": version_ok, "state": state, "detail": detail})
     return rows
 
 
@@ -130,12 +114,8 @@ def bridge_report(verify: bool) -> dict[str, Any]:
 
     report: dict[str, Any] = {"from_source": megatron_bridge.source_report()}
     if verify and report["from_source"]:
-        report["import_errors"] = {}
-        for module in sorted({copy.module for copy in megatron_bridge.COPIES} | {megatron_bridge.QWEN3_VL + ".model"}):
-            try:
-                importlib.import_module(module)
-            except Exception as error:  # noqa: BLE001 - e.g. Transformer Engine missing on a CPU machine
-                report["import_errors"][module] = f"{type(error).__name__}: {error}"
+        modules = {copy.module for copy in megatron_bridge.COPIES} | {megatron_bridge.QWEN3_VL + ".model"}
+        report["import_errors"] = _import_errors(sorted(modules))
         report["in_this_process"] = megatron_bridge.status()
     return report
 
@@ -168,9 +148,8 @@ def _one_rank_world() -> Iterator[None]:
 
 
 def self_check(batches: tuple[tuple[int, int], ...] = ((11, 1), (13, 2))) -> dict[str, str]:
-    """Every function ``install`` replaced, called on random batches (``(seed, shortest row)``, padding anywhere)
-    through the runtime check, each call compared as a first call is: verl's function goes back where they differ
-    (a ``BehaviourChanged`` warning). Returns name -> the difference, for the functions put back now."""
+    """Every function ``install`` replaced, called on random batches (``(seed, shortest row)``) through the runtime
+    check, which puts verl's back where they differ; returns name -> the difference, for those put back now."""
     import inspect
 
     import torch
@@ -196,9 +175,6 @@ def self_check(batches: tuple[tuple[int, int], ...] = ((11, 1), (13, 2))) -> dic
     def output(rows: torch.Tensor) -> torch.Tensor:
         return torch.randn(*rows.shape[:2], 4)
 
-    def rolls(name: str) -> bool:
-        return name in originals and "need_roll" in inspect.signature(originals[name]).parameters
-
     with _one_rank_world():
         for seed, shortest in batches:
             ids, mask = rollout_batch(6, 14, padding="anywhere", shortest=shortest, vocab_size=1000, seed=seed)
@@ -219,16 +195,11 @@ def self_check(batches: tuple[tuple[int, int], ...] = ((11, 1), (13, 2))) -> dic
             for pre, post in (("preprocess_bshd", "postprocess_bshd"), ("remove_left_padding", "recover_left_padding")):
                 if (rows := call(pre, ids, mask, positions, False)) is not None:
                     call(post, output(rows[1]), rows[1], mask, seq_len)
-            for pre, post, thd in (
-                ("preprocess_thd_engine", "postprocess_thd_engine", True),
-                ("preprocess_thd_no_padding", "postprocess_thd_no_padding", True),
-                ("preprocess_packed_seqs_no_padding", "postprocess_packed_seqs_no_padding", True),
-                ("preprocess_bshd_engine", "postprocess_bshd_engine", False),
-                ("preprocess_bshd_no_padding", "postprocess_bshd_no_padding", False),
-            ):
-                if rolls(pre):
+            for kind in ("thd_engine", "thd_no_padding", "packed_seqs_no_padding", "bshd_engine", "bshd_no_padding"):
+                pre, post = f"preprocess_{kind}", f"postprocess_{kind}"
+                if pre in originals and "need_roll" in inspect.signature(originals[pre]).parameters:
                     call(pre, labels, need_roll=True)
-                if (packed := call(pre, nested)) is not None and thd:
+                if (packed := call(pre, nested)) is not None and "bshd" not in kind:
                     call(post, output(packed[0]), packed[1], nested, batch)
                 elif packed is not None:
                     call(post, output(packed[1]), packed[1])
@@ -246,12 +217,7 @@ def collect(verify: bool) -> dict[str, Any]:
     report["environment"] = {name: os.environ.get(name) for name in ("VERL_USE_EXTERNAL_MODULES", patching.DISABLE_ENV)}
     if verify and path is not None:
         report["install_returned"] = patching.install()
-        report["import_errors"] = {}
-        for module in CALLER_MODULES:
-            try:
-                importlib.import_module(module)
-            except Exception as error:  # noqa: BLE001 - report which caller could not be imported here
-                report["import_errors"][module] = f"{type(error).__name__}: {error}"
+        report["import_errors"] = _import_errors(CALLER_MODULES)
         try:
             self_check()
         except Exception as error:  # noqa: BLE001 - a check that cannot run is reported, not a crash of doctor
@@ -293,9 +259,8 @@ def _print_human(report: dict[str, Any]) -> None:
     if bridge["from_source"]:
         print(f"Megatron-Bridge's packing copies ({', '.join(sorted(bridge['from_source']))}):")
         for name, fate in bridge["from_source"].items():
-            print(
-                f"  {name}: {'replaced when the plugin is on' if fate == 'replaced' else 'left to the bridge: ' + fate}"
-            )
+            fate = "replaced when the plugin is on" if fate == "replaced" else f"left to the bridge: {fate}"
+            print(f"  {name}: {fate}")
         for module, error in bridge.get("import_errors", {}).items():
             print(f"  could not import {module}: {error}")
         for name, modules in bridge.get("in_this_process", {}).get("replaced", {}).items():
@@ -315,9 +280,8 @@ def _print_human(report: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def _stdout_to_stderr() -> Iterator[None]:
-    """Everything written to standard output inside the block goes to standard error instead: what the libraries
-    ``--verify`` imports print (vLLM logs to stdout, through a handler bound to ``sys.stdout`` when it is first
-    imported, and C code writes to file descriptor 1), so that ``--json`` prints the report alone."""
+    """Standard output (``sys.stdout`` and file descriptor 1: vLLM's handler and C code) to standard error inside
+    the block, so that ``--json`` prints the report alone."""
     sys.stdout.flush()
     saved = os.dup(1)
     try:
@@ -337,30 +301,22 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         _print_human(report)
-    if args.verify:
-        util = report["verl_util"]
-        missing = (
-            []
-            if util is None
-            else [
-                module
-                for module in CALLER_MODULES
-                if module not in report["patch"]["covered"] and module not in report["import_errors"]
-            ]
-        )
-        refused = [row["name"] for row in report["cpu_fixes"] if row["state"] not in ("applied", "not needed")]
-        left = report["patch"].get("left_to_verl") or (util or {}).get("left_to_verl")
-        put_back = report["patch"].get("put_back") or "self_check_error" in report
-        return 1 if util is None or missing or refused or left or put_back or not report["patch"]["installed"] else 0
-    return 0
+    if not args.verify:
+        return 0
+    util, patch = report["verl_util"], report["patch"]
+    if util is None or not patch["installed"]:
+        return 1
+    missing = [module for module in CALLER_MODULES if module not in {**patch["covered"], **report["import_errors"]}]
+    refused = [row["name"] for row in report["cpu_fixes"] if row["state"] not in ("applied", "not needed")]
+    left = patch.get("left_to_verl") or util["left_to_verl"]
+    return 1 if missing or refused or left or patch.get("put_back") or "self_check_error" in report else 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "doctor", help="versions, verl API generation, and where the verl patch is installed", description=__doc__
+    parser = add_command(
+        subparsers, "doctor", "versions, verl API generation, and where the verl patch is installed", __doc__, run
     )
     parser.add_argument(
         "--verify", action="store_true", help="install the patch here, import verl's callers, list coverage"
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(func=run)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-EXIT_BAD_INPUT, EXIT_WORKER_FAILED, EXIT_INTERRUPTED = 2, 3, 130
+from verl_cppack.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, add_command, error
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,9 +31,8 @@ def run(args: argparse.Namespace) -> int:
         )
         started = True
         summary = run_request(request)
-    except (BadInput, WorkerFailed) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT if isinstance(error, BadInput) else EXIT_WORKER_FAILED
+    except (BadInput, WorkerFailed) as problem:
+        return error(str(problem), EXIT_BAD_INPUT if isinstance(problem, BadInput) else EXIT_FAILED)
     except KeyboardInterrupt:
         print(f"interrupted: {'every worker was stopped' if started else 'nothing was started'}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -45,11 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "ref-logprobs",
-        help="reference log-probs through verl's Megatron engine at CP=N",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = add_command(
+        subparsers, "ref-logprobs", "reference log-probs through verl's Megatron engine at CP=N", __doc__, run
     )
     parser.add_argument("--model", help="Hugging Face checkpoint directory (default: the tiny counting model)")
     source = parser.add_mutually_exclusive_group()
@@ -61,4 +57,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--micro-batch-size", type=int, default=8, help="rows per infer_batch call (default 8)")
     parser.add_argument("--output", default="runs/ref-logprobs", help="output directory (a non-empty one gets a run-*)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --synthetic pairs and of Megatron (default 0)")
-    parser.set_defaults(func=run)

@@ -1,21 +1,37 @@
-"""What ``verl-cppack grpo`` and ``verl-cppack ppo`` share: their flags, the run, the exit codes.
-
-Exit codes: 0 done; 2 bad input (nothing started); 3 verl's trainer or Ray failed; 130 interrupted (the trainer
-and the Ray cluster it started are stopped).
-"""
+"""``verl-cppack grpo`` and ``verl-cppack ppo``: verl's own trainer on CPU, their flags, the run, the exit codes."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 
+from verl_cppack.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, add_command, error
+from verl_cppack.jobs.grpo import GRPO
 from verl_cppack.jobs.launcher import FIRST_STEP_TIMEOUT_S
+from verl_cppack.jobs.ppo import PPO, PPO_DEFAULTS
 from verl_cppack.jobs.rollout_choice import ROLLOUTS
 from verl_cppack.jobs.verl_job import TRAINERS, JobKind, JobSettings
 
-EXIT_BAD_INPUT, EXIT_TRAINER_FAILED, EXIT_INTERRUPTED = 2, 3, 130
+EXIT_CODES = """Exit codes: 0 done, 2 bad input (nothing started), 3 the trainer or Ray failed, 130 interrupted (the
+trainer and the Ray cluster it started are stopped)."""
+GRPO_DESCRIPTION = f"""\
+``verl-cppack grpo``: GRPO through verl's own trainer (``verl.trainer.main_ppo``) on this machine's CPU.
+
+verl's GSM8K GRPO recipe with a CPU overlay: a tiny Llama and a counting task made locally, the Megatron actor and
+reference at context parallelism --cp, verl's vLLM rollout on vLLM's CPU build (``--rollout hf``: Hugging Face
+generate), a local Ray cluster (or --address). Extra arguments are Hydra overrides, applied last.
+{EXIT_CODES}"""
+PPO_DESCRIPTION = f"""\
+``verl-cppack ppo``: PPO through verl's own trainer (``verl.trainer.main_ppo``) with a Megatron critic, on CPU.
+
+verl's GSM8K PPO recipe with ``grpo``'s CPU overlay: actor, reference and critic at context parallelism --cp through
+verl_cppack's packed CP path. The critic starts from the counting task's reward model (trained once, then cached),
+the actor at learning rate 1e-3 with PPO's entropy bonus. Output as ``grpo``'s plus verl's critic metrics and
+``critic_curve.png``.
+{EXIT_CODES}"""
 
 
 def add_job_arguments(parser: argparse.ArgumentParser, kind: JobKind, defaults: JobSettings) -> None:
@@ -73,23 +89,18 @@ def settings_from_args(args: argparse.Namespace) -> JobSettings:
 
 def print_summary(summary: dict) -> None:
     print(
-        f"{summary['job']} ({summary['trainer']}, trainer {summary['trainer_version']}, verl {summary['verl_version']}, "
-        f"rollout {summary['rollout']}): "
-        f"{summary['steps']} steps at TP={summary['tp']} CP={summary['cp']} DP={summary['dp']} on {summary['nodes']} "
-        f"node(s) in {summary['wall_s']} s; mean reward first fifth "
-        f"{summary['reward_first_fifth']:.3f} -> last fifth {summary['reward_last_fifth']:.3f}; "
-        f"rollout_probs_diff_max {summary['rollout_probs_diff_max']:.2e}; drop-in calls {summary['dropin_calls']}"
+        "{job} ({trainer}, trainer {trainer_version}, verl {verl_version}, rollout {rollout}): {steps} steps at "
+        "TP={tp} CP={cp} DP={dp} on {nodes} node(s) in {wall_s} s; mean reward first fifth {reward_first_fifth:.3f} -> "
+        "last fifth {reward_last_fifth:.3f}; rollout_probs_diff_max {rollout_probs_diff_max:.2e}; drop-in calls "
+        "{dropin_calls}".format_map(summary)
     )
     if summary.get("explained_variance_last_fifth") is not None:
         print(
-            f"critic at CP={summary['critic_cp']}: explained variance (last fifth) "
-            f"{summary['explained_variance_last_fifth']:.3f}, final vf_loss {summary['vf_loss_final']:.4f}"
+            "critic at CP={critic_cp}: explained variance (last fifth) {explained_variance_last_fifth:.3f}, final "
+            "vf_loss {vf_loss_final:.4f}".format_map(summary)
         )
-    plots = ", ".join(os.path.basename(path) for path in summary["plots"])
-    print(
-        f"outputs: {summary['output_dir']} (metrics.jsonl, summary.json, config.json, trainer.log"
-        + (f", {plots})" if plots else ")")
-    )
+    files = ["metrics.jsonl", "summary.json", "config.json", "trainer.log", *map(os.path.basename, summary["plots"])]
+    print(f"outputs: {summary['output_dir']} ({', '.join(files)})")
 
 
 def run_job_command(kind: JobKind, args: argparse.Namespace) -> int:
@@ -101,9 +112,8 @@ def run_job_command(kind: JobKind, args: argparse.Namespace) -> int:
     try:
         prepared = prepare_job(kind, settings_from_args(args))
         check_rollout(prepared)  # vLLM can start here (imports, AVX2, memory), before Ray does
-    except (TypeError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except (TypeError, ValueError) as problem:
+        return error(str(problem))
     settings = prepared.settings
     where = f"the Ray cluster at {settings.address}" if settings.address else "a local Ray cluster"
     print(
@@ -114,9 +124,8 @@ def run_job_command(kind: JobKind, args: argparse.Namespace) -> int:
     )
     try:
         summary = run_job(prepared, on_step=lambda record: print(progress_line(record, settings.steps), flush=True))
-    except (ClusterTooSmall, TrainerFailed, ClusterUnavailable) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT if isinstance(error, ClusterTooSmall) else EXIT_TRAINER_FAILED
+    except (ClusterTooSmall, TrainerFailed, ClusterUnavailable) as problem:
+        return error(str(problem), EXIT_BAD_INPUT if isinstance(problem, ClusterTooSmall) else EXIT_FAILED)
     except KeyboardInterrupt:
         print(
             "interrupted: verl's trainer and its Ray cluster were stopped; finished steps are in metrics.jsonl",
@@ -127,15 +136,12 @@ def run_job_command(kind: JobKind, args: argparse.Namespace) -> int:
     return 0
 
 
-def register_job(
-    subparsers: argparse._SubParsersAction,
-    kind: JobKind,
-    help_text: str,
-    description: str,
-    defaults: JobSettings | None = None,
-) -> None:
-    parser = subparsers.add_parser(
-        kind.name, help=help_text, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_job_arguments(parser, kind, defaults or JobSettings())
-    parser.set_defaults(func=lambda args: run_job_command(kind, args))
+def register(subparsers: argparse._SubParsersAction) -> None:
+    grpo_help = "GRPO through verl's own trainer on CPU, actor and reference at CP=2 (the main job)"
+    ppo_help = "PPO through verl's own trainer on CPU: actor, reference and critic at CP=2"
+    for kind, help_text, description, defaults in (
+        (GRPO, grpo_help, GRPO_DESCRIPTION, JobSettings()),
+        (PPO, ppo_help, PPO_DESCRIPTION, PPO_DEFAULTS),
+    ):
+        parser = add_command(subparsers, kind.name, help_text, description, functools.partial(run_job_command, kind))
+        add_job_arguments(parser, kind, defaults)

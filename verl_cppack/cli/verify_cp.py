@@ -1,11 +1,10 @@
 """``verl-cppack verify-cp``: does context parallelism change nothing? CP=N against CP=1 on this machine.
 
-Starts ``cp * tp`` gloo processes on 127.0.0.1. Every process first builds the tiny Megatron GPT at CP=1
-and runs a random rollout-shaped batch (left-padded prompts, right-padded responses, some very short)
-forward and backward; then it rebuilds megatron's parallel state at CP=N, builds the same weights and
-runs the same batch. It compares per-token log-probs, entropy and the CP-all-reduced (summed) weight
-gradients. The forward goes through verl's own ``gptmodel_forward_model_engine`` with verl_cppack's
-drop-ins installed when verl and ``verl_cppack.integrations.verl.install`` are available, else through
+Starts ``cp * tp`` gloo processes on 127.0.0.1. Every process first builds the tiny Megatron GPT at CP=1 and runs a
+random rollout-shaped batch (left-padded prompts, right-padded responses, some very short) forward and backward; then
+it rebuilds megatron's parallel state at CP=N, builds the same weights and runs the same batch. It compares per-token
+log-probs, entropy and the CP-all-reduced (summed) weight gradients. The forward goes through verl's own
+``gptmodel_forward_model_engine`` with verl_cppack's drop-ins installed where verl is installed, else through
 ``verl_cppack.logprobs.compute_logprobs`` (``used_verl_forward`` says which).
 
 ``grad_max_rel_diff`` is the largest, over parameters, of ``max|g_cpN - g_cp1| / max|g_cp1|``.
@@ -17,7 +16,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import sys
 import warnings
 from typing import Any
 
@@ -25,13 +23,14 @@ import torch
 import torch.distributed as dist
 
 from verl_cppack.bench.batches import rollout_batch
+from verl_cppack.cli import add_command, error
 from verl_cppack.runtime.gloo_world import RankFailed, run_world
 
 LOGPROB_TOLERANCE = 1e-5  # absolute, fp32
 GRAD_TOLERANCE = 1e-4  # relative, fp32
 VOCAB_SIZE = 97
-# each compared figure: (its name among the report's tolerances, the tolerance)
-LIMITS = {
+TINY_GPT = {"hidden_size": 64, "num_layers": 2, "num_attention_heads": 4, "num_query_groups": 2}
+LIMITS = {  # each compared figure: (its name among the report's tolerances, the tolerance)
     "logprob_max_abs_diff": ("logprob_abs", LOGPROB_TOLERANCE),
     "entropy_max_abs_diff": ("entropy_abs", LOGPROB_TOLERANCE),
     "grad_max_rel_diff": ("grad_rel", GRAD_TOLERANCE),
@@ -41,32 +40,22 @@ LIMITS = {
 def verify_batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
     """The checked rollout batch ``[B, P+R]``; row 0 holds a 1-token prompt and a 1-token response (shorter than
     any CP chunk), every row at least one response token."""
+    prompt = args.prompt_length
+    length = prompt + args.response_length
     input_ids, mask = rollout_batch(
-        args.batch_size,
-        args.prompt_length + args.response_length,
-        prompt_len=args.prompt_length,
-        short_rows=0.3,
-        vocab_size=VOCAB_SIZE,
-        seed=args.seed,
+        args.batch_size, length, prompt_len=prompt, short_rows=0.3, vocab_size=VOCAB_SIZE, seed=args.seed
     )
     mask[0] = False
-    mask[0, args.prompt_length - 1 : args.prompt_length + 1] = True
+    mask[0, prompt - 1 : prompt + 1] = True
     return input_ids, mask
 
 
-# ---------------------------------------------------------------------------------------- forwards
 def verl_forward_available() -> bool:
-    """verl installed and verl_cppack's ``install()`` importable (verl itself is imported only in the workers)."""
+    """verl installed (it is imported only in the workers)."""
     try:
-        if importlib.util.find_spec("verl") is None:
-            return False
+        return importlib.util.find_spec("verl") is not None
     except ValueError:  # a ``verl`` module already imported without a spec (a stand-in): not verl's package
         return False
-    try:
-        from verl_cppack.integrations import verl as cppack_verl
-    except ImportError:
-        return False
-    return callable(getattr(cppack_verl, "install", None))
 
 
 PerToken = tuple[torch.Tensor, torch.Tensor]  # (log_probs [N], entropy [N]) at the valid tokens, row order
@@ -81,11 +70,8 @@ def per_token_ours(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, ctx:
 
 
 def per_token_verl(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, ctx: Any, layout: str) -> PerToken:
-    """Same through verl's ``gptmodel_forward_model_engine`` (its drop-ins installed by verl_cppack).
-
-    verl rolls labels inside each sequence (``need_roll``), so the last token of a row scores the row's
-    first token; CP=1 and CP=N are compared on exactly that.
-    """
+    """Same through verl's ``gptmodel_forward_model_engine`` with the drop-ins; verl rolls labels within each
+    sequence (``need_roll``), so a row's last token scores its first: CP=1 and CP=N compare exactly that."""
     from verl_cppack.integrations import verl as cppack_verl
 
     if not cppack_verl.install():
@@ -97,9 +83,8 @@ def per_token_verl(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, ctx:
     for name in ("preprocess_thd_engine", "postprocess_thd_engine"):
         if not getattr(model_forward, name).__module__.startswith("verl_cppack."):
             raise RuntimeError(f"verl's model_forward.{name} is not verl_cppack's drop-in after install()")
-    lengths = mask.sum(dim=1)
-    offsets = torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0))
-    nested_ids = torch.nested.nested_tensor_from_jagged(input_ids[mask], offsets=offsets)
+    offsets = torch.nn.functional.pad(torch.cumsum(mask.sum(dim=1), 0), (1, 0))
+    nested = torch.nested.nested_tensor_from_jagged(input_ids[mask], offsets=offsets)
 
     def logits_processor(logits: torch.Tensor, label: torch.Tensor) -> dict[str, torch.Tensor]:
         log_softmax = torch.log_softmax(logits.float(), dim=-1)  # [1, T_local, V]
@@ -109,47 +94,34 @@ def per_token_verl(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, ctx:
         }
 
     output = model_forward.gptmodel_forward_model_engine(
-        model,
-        nested_ids,
-        {},
-        logits_processor=logits_processor,
-        logits_processor_args={"label": nested_ids},
-        cp_layout=layout,
+        model, nested, {}, logits_processor=logits_processor, logits_processor_args={"label": nested}, cp_layout=layout
     )
     return output["log_probs"].values(), output["entropy"].values()
 
 
-# ------------------------------------------------------------------------------------------ worker
-def _run_once(args: argparse.Namespace, cp_size: int, use_verl: bool) -> tuple[torch.Tensor, torch.Tensor, dict, Any]:
+def _run_once(args: argparse.Namespace, cp_size: int, use_verl: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
     from verl_cppack.runtime.tiny_gpt import build_tiny_gpt, init_megatron_parallel
 
     ctx = init_megatron_parallel(tp_size=args.tp, cp_size=cp_size, seed=args.seed)
-    model = build_tiny_gpt(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=64,
-        num_layers=2,
-        num_attention_heads=4,
-        num_query_groups=2,
-        attention=args.attention,
-        seed=args.seed,
-    )
+    model = build_tiny_gpt(vocab_size=VOCAB_SIZE, attention=args.attention, seed=args.seed, **TINY_GPT)
     input_ids, mask = verify_batch(args)
     forward = per_token_verl if use_verl else per_token_ours
     log_probs, entropy = forward(model, input_ids, mask, ctx, args.layout)  # [N] each
-    generator = torch.Generator().manual_seed(args.seed + 1)
-    weights = torch.randn(2, log_probs.numel(), generator=generator)
+    weights = torch.randn(2, log_probs.numel(), generator=torch.Generator().manual_seed(args.seed + 1))
     loss = (log_probs * weights[0]).sum() + (entropy * weights[1]).sum()
     loss.backward()
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
     if ctx.cp_size > 1:  # the gather-back contract: each rank holds its chunk's share; the sum is the whole
         for grad in grads.values():
             dist.all_reduce(grad, group=ctx.cp_group)
-    return log_probs.detach(), entropy.detach(), grads, ctx
+    return log_probs.detach(), entropy.detach(), grads
 
 
-def _compare(args: argparse.Namespace, use_verl: bool) -> dict[str, float]:
-    ref_log_probs, ref_entropy, ref_grads, _ = _run_once(args, 1, use_verl)
-    log_probs, entropy, grads, _ = _run_once(args, args.cp, use_verl)
+def _compare(rank: int, world_size: int, args: argparse.Namespace, use_verl: bool) -> dict[str, float]:
+    """One gloo rank's figures, CP=N against CP=1."""
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")  # TE/Apex absent on CPU
+    ref_log_probs, ref_entropy, ref_grads = _run_once(args, 1, use_verl)
+    log_probs, entropy, grads = _run_once(args, args.cp, use_verl)
     if set(grads) != set(ref_grads):
         raise RuntimeError(f"parameters with gradients differ between CP=1 and CP={args.cp}")
     rel = max(
@@ -163,23 +135,12 @@ def _compare(args: argparse.Namespace, use_verl: bool) -> dict[str, float]:
     }
 
 
-def _rank(rank: int, world_size: int, args: argparse.Namespace, use_verl: bool) -> dict[str, float]:
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")  # TE/Apex absent on CPU
-    return _compare(args, use_verl)
-
-
 def run_check(args: argparse.Namespace) -> dict[str, Any]:
     """Run the ranks, return the JSON report (raises ``RankFailed``, a ``RuntimeError``, if a rank failed)."""
     use_verl = args.forward == "verl" or (args.forward == "auto" and verl_forward_available())
-    metrics = run_world(_rank, args.cp * args.tp, args, use_verl, torch_threads=1)
-    report: dict[str, Any] = {
-        "cp": args.cp,
-        "tp": args.tp,
-        "layout": args.layout,
-        "attention": args.attention,
-        "used_verl_forward": use_verl,
-        "num_tokens": metrics[0]["num_tokens"],
-    }
+    metrics = run_world(_compare, args.cp * args.tp, args, use_verl, torch_threads=1)
+    report: dict[str, Any] = {key: getattr(args, key) for key in ("cp", "tp", "layout", "attention")}
+    report.update(used_verl_forward=use_verl, num_tokens=metrics[0]["num_tokens"])
     report.update({key: max(m[key] for m in metrics) for key in LIMITS})
     report["tolerances"] = dict(LIMITS.values())
     report["passed"] = all(report[key] <= tolerance for key, (_, tolerance) in LIMITS.items())
@@ -216,13 +177,11 @@ def _megatron_knows_partition_mode() -> bool:
 def run(args: argparse.Namespace) -> int:
     problem = _check_args(args)
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return error(problem)
     try:
         report = run_check(args)
-    except RankFailed as error:
-        print(f"error: verify-cp could not run the check: {error}", file=sys.stderr)
-        return 2
+    except RankFailed as failure:
+        return error(f"verify-cp could not run the check: {failure}")
     print(
         f"verify-cp cp={report['cp']} layout={report['layout']} attention={report['attention']} "
         f"forward={'verl' if report['used_verl_forward'] else 'verl_cppack'} tokens={report['num_tokens']}\n"
@@ -238,36 +197,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "verify-cp",
-        help="check that CP=N gives the CP=1 log-probs, entropy and gradients (tiny GPT, gloo, CPU)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    help_text = "check that CP=N gives the CP=1 log-probs, entropy and gradients (tiny GPT, gloo, CPU)"
+    parser = add_command(subparsers, "verify-cp", help_text, __doc__, run)
     parser.add_argument("--cp", type=int, default=2, help="context-parallel size N to check (default 2)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (only 1 for now)")
-    parser.add_argument(
-        "--layout",
-        choices=("zigzag", "contiguous"),
-        default="zigzag",
-        help="CP layout: zigzag (ring / TE) or contiguous (contiguous needs a megatron-core with "
-        "cp_partition_mode; 0.16.1 has none, so it is refused there)",
-    )
-    parser.add_argument(
-        "--attention",
-        choices=("allgather", "ring"),
-        default="allgather",
-        help="CP attention: all-gather K/V or zigzag ring (default allgather)",
-    )
-    parser.add_argument(
-        "--forward",
-        choices=("auto", "verl", "ours"),
-        default="auto",
-        help="auto: verl's engine forward with verl_cppack installed when available, else verl_cppack's own",
-    )
+    for flag, choices, text in (  # the first choice is the default
+        ("--layout", ("zigzag", "contiguous"), "CP layout: zigzag (ring / TE) or contiguous (contiguous needs a "
+         "megatron-core with cp_partition_mode; 0.16.1 has none, so it is refused there)"),
+        ("--attention", ("allgather", "ring"), "CP attention: all-gather K/V or zigzag ring (default allgather)"),
+        ("--forward", ("auto", "verl", "ours"),
+         "auto: verl's engine forward with verl_cppack installed when available, else verl_cppack's own"),
+    ):  # fmt: skip
+        parser.add_argument(flag, choices=choices, default=choices[0], help=text)
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON here")
     parser.add_argument("--batch-size", type=int, default=4, help="rollout rows (default 4)")
     parser.add_argument("--prompt-length", type=int, default=12, help="longest left-padded prompt (default 12)")
     parser.add_argument("--response-length", type=int, default=20, help="longest right-padded response (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the batch and the model's weights (default 0)")
-    parser.set_defaults(func=run)

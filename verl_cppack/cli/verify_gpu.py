@@ -1,8 +1,7 @@
 """``verl-cppack verify-gpu``: the acceptance checks that need a CUDA GPU, in one command, into one JSON report.
 
 1. ``zigzag_vs_transformer_engine``: ``core.layouts.zigzag_indices`` index for index against Transformer Engine's
-   ``transformer_engine_torch.thd_get_partitioned_indices`` on the GPU, over random padded offsets, CP sizes 1-8
-   and every rank (skipped when TE is not installed);
+   ``thd_get_partitioned_indices`` on the GPU, random padded offsets, CP sizes 1-8, every rank (skipped without TE);
 2. ``cuda_equals_cpu``: plans, ``pack`` (CP 1, 2, 4, every rank, ``shift=1`` too) and ``unpack`` (CP=1) of random
    masks on the GPU give the CPU's results exactly, for int64, bool, bf16 and fp32 with trailing dimensions;
 3. ``host_syncs``: device-to-host synchronisations counted with ``torch.cuda.set_sync_debug_mode("warn")`` while a
@@ -11,8 +10,8 @@
    one on another device and a local output of the wrong length, all on the GPU: each a ``ValueError``/``TypeError``,
    never a device-side assertion (the device still works afterwards: a round trip equals its input);
 5. ``bench``: ``verl-cppack bench --device cuda --quick`` on one CP size per available GPU (its ``results.json``);
-6. ``verify_cp``: ``verl-cppack verify-cp --cp 2`` (CP=2 against CP=1 through verl's engine forward; it runs its
-   gloo ranks where that command puts them) and its JSON report.
+6. ``verify_cp``: ``verl-cppack verify-cp --cp 2`` (CP=2 against CP=1 through verl's engine forward, its gloo ranks
+   where that command puts them) and its JSON report.
 
 Writes ``--output`` (default ``verify_gpu.json``). Exit status: 0 every check passed or was skipped, 1 a check
 failed, 2 there is no CUDA device (one ``error:`` line) or the arguments are wrong.
@@ -33,20 +32,12 @@ from typing import Any
 import torch
 
 from verl_cppack.bench.batches import rollout_batch
+from verl_cppack.cli import add_command, error
 
 ZIGZAG_CASES = 64  # random offset tables per CP size
-# torch's warning for each synchronizing CUDA operation; not its one-time notice that the debug mode "does not yet
-# detect all synchronizing operations" (which the first counted step of a process also receives)
+# torch's per-operation sync warning, not its one-time "does not yet detect all synchronizing operations" notice
 SYNC_WARNING = "called a synchronizing CUDA operation"
 RunCommand = Callable[[Sequence[str], float], subprocess.CompletedProcess]
-
-
-# ------------------------------------------------------------------------------------------------ checks
-def _random_offsets(generator: torch.Generator, cp_size: int) -> torch.Tensor:
-    """``[B+1]`` int32 padded offsets whose slots are multiples of ``2*cp_size`` (zero-length slots too)."""
-    batch = int(torch.randint(1, 9, (1,), generator=generator))
-    lengths = torch.randint(0, 9, (batch,), generator=generator) * 2 * cp_size
-    return torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
 
 
 def check_zigzag(device: torch.device, partitioned_indices: Callable[..., torch.Tensor] | None) -> dict[str, Any]:
@@ -58,8 +49,10 @@ def check_zigzag(device: torch.device, partitioned_indices: Callable[..., torch.
     generator = torch.Generator().manual_seed(0)
     compared = 0
     for cp_size in (1, 2, 3, 4, 8):
-        for _ in range(ZIGZAG_CASES):
-            offsets = _random_offsets(generator, cp_size)
+        for _ in range(ZIGZAG_CASES):  # [B+1] int32 padded offsets, slots multiples of 2*cp_size (zero-length too)
+            batch = int(torch.randint(1, 9, (1,), generator=generator))
+            lengths = torch.randint(0, 9, (batch,), generator=generator) * 2 * cp_size
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
             total = int(offsets[-1])
             if total == 0:
                 continue
@@ -68,17 +61,9 @@ def check_zigzag(device: torch.device, partitioned_indices: Callable[..., torch.
                 theirs = partitioned_indices(offsets.to(device), total, cp_size, cp_rank)
                 compared += 1
                 if ours.shape != theirs.shape or not torch.equal(ours.cpu().long(), theirs.cpu().long()):
-                    return {
-                        "ok": False,
-                        "compared": compared,
-                        "first_difference": {
-                            "cu_seqlens_padded": offsets.tolist(),
-                            "cp_size": cp_size,
-                            "cp_rank": cp_rank,
-                            "ours": ours.tolist(),
-                            "transformer_engine": theirs.tolist(),
-                        },
-                    }
+                    case = {"cu_seqlens_padded": offsets.tolist(), "cp_size": cp_size, "cp_rank": cp_rank}
+                    case.update(ours=ours.tolist(), transformer_engine=theirs.tolist())
+                    return {"ok": False, "compared": compared, "first_difference": case}
     return {"ok": True, "compared": compared}
 
 
@@ -112,13 +97,8 @@ def check_cuda_equals_cpu(device: torch.device) -> dict[str, Any]:
                 pairs += [("local_index", on_cpu.local_index, on_device.local_index)]
                 for name, x in tensors.items():
                     for shift in (0, 1):
-                        pairs.append(
-                            (
-                                f"pack {name} shift={shift}",
-                                on_cpu.pack(x, shift=shift),
-                                on_device.pack(x.to(device), shift=shift),
-                            )
-                        )
+                        packed = on_cpu.pack(x, shift=shift), on_device.pack(x.to(device), shift=shift)
+                        pairs.append((f"pack {name} shift={shift}", *packed))
                     if cp_size == 1:
                         packed = on_cpu.pack(x)
                         pairs.append((f"unpack {name}", on_cpu.unpack(packed), on_device.unpack(packed.to(device))))
@@ -202,10 +182,10 @@ def check_bad_input_errors(device: torch.device, cases: dict[str, Callable[[], A
         try:
             call()
             raised[name] = "nothing"
-        except (ValueError, TypeError) as error:
-            raised[name] = type(error).__name__
-        except Exception as error:  # noqa: BLE001 - any other exception is what the check reports
-            raised[name] = f"{type(error).__name__}: {error}"[:300]
+        except (ValueError, TypeError) as expected:
+            raised[name] = type(expected).__name__
+        except Exception as other:  # noqa: BLE001 - any other exception is what the check reports
+            raised[name] = f"{type(other).__name__}: {other}"[:300]
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # a device-side assertion would surface here
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
@@ -220,26 +200,22 @@ def _run(command: Sequence[str], timeout_s: float) -> subprocess.CompletedProces
     return subprocess.run(list(command), capture_output=True, text=True, timeout=timeout_s)
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "verl_cppack.cli", *args]
-
-
 def run_bench(folder: Path, gpus: int, run_command: RunCommand = _run) -> dict[str, Any]:
     """``bench --device cuda --quick`` over the CP sizes the GPUs allow (1, 2, 4 up to ``gpus``)."""
     cp_sizes = ",".join(str(cp) for cp in (1, 2, 4) if cp <= max(gpus, 1))
-    command = _cli("bench", "--device", "cuda", "--quick", "--cp-sizes", cp_sizes, "--output", str(folder))
-    return _run_cli(command, folder / "results.json", "results", run_command)
+    arguments = ["bench", "--device", "cuda", "--quick", "--cp-sizes", cp_sizes, "--output", str(folder)]
+    return _run_cli(arguments, folder / "results.json", "results", run_command)
 
 
 def run_verify_cp(folder: Path, run_command: RunCommand = _run) -> dict[str, Any]:
     """``verify-cp --cp 2`` with its JSON report."""
     path = folder / "verify_cp.json"
-    command = _cli("verify-cp", "--cp", "2", "--json", str(path))
-    return _run_cli(command, path, "report", run_command)
+    return _run_cli(["verify-cp", "--cp", "2", "--json", str(path)], path, "report", run_command)
 
 
-def _run_cli(command: list[str], written: Path, key: str, run_command: RunCommand) -> dict[str, Any]:
-    """Run one CLI command; its exit status, the JSON it wrote (as ``key``) and, when it failed, its stderr's tail."""
+def _run_cli(arguments: list[str], written: Path, key: str, run_command: RunCommand) -> dict[str, Any]:
+    """Run ``verl-cppack ARGUMENTS``: its exit status, the JSON it wrote (as ``key``), if it failed its stderr tail."""
+    command = [sys.executable, "-m", "verl_cppack.cli", *arguments]
     result = run_command(command, 1800)
     report: dict[str, Any] = {"ok": result.returncode == 0, "command": command[2:], "returncode": result.returncode}
     if written.is_file():
@@ -279,36 +255,26 @@ def collect(
     for name, check in checks.items():
         try:
             results[name] = check()
-        except Exception as error:  # noqa: BLE001 - one failed check must not hide the others
-            results[name] = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+        except Exception as failure:  # noqa: BLE001 - one failed check must not hide the others
+            results[name] = {"ok": False, "error": f"{type(failure).__name__}: {failure}"}
     return {"ok": all(result.get("ok") is not False for result in results.values()), "checks": results}
 
 
-# ------------------------------------------------------------------------------------------------ command
 def run(args: argparse.Namespace) -> int:
     output = Path(args.output)
-    if output.exists() and output.is_dir():
-        print(f"error: --output {output} is a directory; give the path of the JSON file to write", file=sys.stderr)
-        return 2
+    if output.is_dir():
+        return error(f"--output {output} is a directory; give the path of the JSON file to write")
     if not torch.cuda.is_available():
-        print(
-            "error: verify-gpu needs a CUDA GPU, and torch.cuda.is_available() is False here "
-            f"(torch {torch.__version__}); run it on a GPU machine",
-            file=sys.stderr,
+        return error(
+            "verify-gpu needs a CUDA GPU, and torch.cuda.is_available() is False here "
+            f"(torch {torch.__version__}); run it on a GPU machine"
         )
-        return 2
-    device = torch.device("cuda", torch.cuda.current_device())
+    device, te_indices = torch.device("cuda", torch.cuda.current_device()), transformer_engine_indices()
+    gpus = torch.cuda.device_count()
     with tempfile.TemporaryDirectory(prefix="verl_cppack_verify_gpu_") as folder:
-        report = collect(device, Path(folder), transformer_engine_indices(), torch.cuda.device_count())
-    report.update(
-        {
-            "device": torch.cuda.get_device_name(device),
-            "gpus": torch.cuda.device_count(),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "transformer_engine": transformer_engine_indices() is not None,
-        }
-    )
+        report = collect(device, Path(folder), te_indices, gpus)
+    report.update(device=torch.cuda.get_device_name(device), gpus=gpus, torch=torch.__version__)
+    report.update(cuda=torch.version.cuda, transformer_engine=te_indices is not None)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
     for name, result in report["checks"].items():
@@ -319,11 +285,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "verify-gpu",
-        help="the GPU acceptance checks (TE zigzag, CUDA = CPU, host syncs, bad input, bench, verify-cp) into one JSON",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    help_text = (
+        "the GPU acceptance checks (TE zigzag, CUDA = CPU, host syncs, bad input, bench, verify-cp) into one JSON"
     )
+    parser = add_command(subparsers, "verify-gpu", help_text, __doc__, run)
     parser.add_argument("--output", default="verify_gpu.json", help="the JSON report (default verify_gpu.json)")
-    parser.set_defaults(func=run)

@@ -61,10 +61,9 @@ class _AllGatherRankMajor(torch.autograd.Function):
 def all_gather_rank_major(
     local: torch.Tensor, ctx: ParallelContext, gradient: GradientContract = "local"
 ) -> torch.Tensor:
-    """``local`` [T_local, *] on every rank -> ``[cp_size * T_local, *]``, rank 0's rows first.
-
-    Backward: ``gradient="local"`` (verl / Megatron) passes this rank's slice of the incoming gradient; ``"sum"``
-    (Megatron-RL, NeMo-RL, OpenRLHF) sums the incoming gradients over the CP group first."""
+    """``local`` [T_local, *] on every rank -> ``[cp_size * T_local, *]``, rank 0's rows first. Backward:
+    ``gradient="local"`` (verl / Megatron) passes this rank's slice of the incoming gradient; ``"sum"`` (Megatron-RL,
+    NeMo-RL, OpenRLHF) sums the incoming gradients over the CP group first."""
     local = require_tensor("local", local)
     require_context(ctx, allow_none=False)
     _check_contract(gradient)
@@ -79,9 +78,8 @@ def gather_stream(
     gradient: GradientContract,
     while_waiting: Callable[[], object] | None = None,
 ) -> torch.Tensor:
-    """A plan's ``unpack``: this rank's ``[T_local, *]`` -> the rank-major stream ``[T, *]``, gathered in place; the
-    gradient contract of ``all_gather_rank_major``. ``while_waiting``: host work to run while the all-gather is in
-    flight (not run at CP=1, where nothing is in flight). Arguments are the plan's, already checked."""
+    """A plan's ``unpack`` (checked arguments): ``[T_local, *]`` -> rank-major ``[T, *]``, gradient as
+    ``all_gather_rank_major``; ``while_waiting``: host work run while the all-gather is in flight (never at CP=1)."""
     _check_contract(gradient)
     if ctx.cp_size == 1:  # no communication: the local stream itself
         return local

@@ -1,8 +1,7 @@
 """Run a callback on a module the moment it has finished executing, whether it is imported now or later.
 
-``after_import(name, fix)`` calls ``fix(module)`` at once if the module is loaded, else right after its body runs (a
-``sys.meta_path`` finder wraps its loader; nothing is imported to find out); a callback's exception propagates
-through the import. ``around_import(name, scope)`` runs a module's body inside ``with scope():``."""
+A ``sys.meta_path`` finder wraps the module's loader (nothing is imported to find out); a callback's exception
+propagates through the import."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ _AROUND: dict[str, Callable[[], AbstractContextManager[Any]]] = {}
 
 
 def around_import(module_name: str, scope: Callable[[], AbstractContextManager[Any]]) -> bool:
-    """Run ``module_name``'s body inside ``with scope():`` when it is first imported. False (nothing done) if it is
-    imported already."""
+    """Run ``module_name``'s body inside ``with scope():`` when first imported; False (nothing done) if it is."""
     with _LOCK:
         if module_name in sys.modules:
             return False
@@ -39,7 +37,7 @@ def after_import(module_name: str, callback: Callback) -> None:
     """Call ``callback(module)`` once ``module_name`` has executed: now if it has, else when it does."""
     with _LOCK:
         module = sys.modules.get(module_name)
-        if module is not None and not _initialising(module):
+        if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
             callback(module)
             return
         pending = _PENDING.setdefault(module_name, [])
@@ -57,18 +55,6 @@ def cancel(module_name: str, callback: Callback) -> None:
             pending.remove(callback)
         if not pending:
             _PENDING.pop(module_name, None)
-
-
-def _initialising(module: ModuleType) -> bool:
-    spec = getattr(module, "__spec__", None)
-    return bool(getattr(spec, "_initializing", False))
-
-
-def _run_pending(module: ModuleType) -> None:
-    with _LOCK:
-        callbacks = _PENDING.pop(module.__name__, [])
-    for callback in callbacks:
-        callback(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -99,7 +85,10 @@ class _CallbackLoader(importlib.abc.Loader):
             scope = _AROUND.pop(module.__name__, contextlib.nullcontext)
         with scope():
             self._loader.exec_module(module)
-        _run_pending(module)
+        with _LOCK:
+            callbacks = _PENDING.pop(module.__name__, [])
+        for callback in callbacks:
+            callback(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for tools that ask
         return getattr(self._loader, name)

@@ -1,8 +1,4 @@
-"""Megatron-core adapters: the parallel context from ``parallel_state``, ``PackedSeqParams`` from a plan.
-
-The packing side knows nothing of Megatron: a plan's ``PackedSeqParams`` is ``packed_seq_params(plan)`` here, and
-the context of an initialised ``megatron.core.parallel_state`` is ``parallel_context_from_megatron()``.
-"""
+"""Megatron-core adapters: the ``ParallelContext`` of ``megatron.core.parallel_state``, a plan's ``PackedSeqParams``."""
 
 from __future__ import annotations
 
@@ -62,23 +58,38 @@ def packed_seq_params_fields(cls: type) -> frozenset[str]:
 
 @functools.lru_cache(maxsize=64)
 def packed_seq_params_accepts(cls: type, name: str) -> bool:
-    """Whether ``cls(name=...)`` is accepted, decided as verl 0.9.1 does: a named field, or ``**kwargs`` in
-    ``__init__`` (duck-typed stand-ins)."""
+    """Whether ``cls(name=...)`` works, as verl 0.9.1 decides: a named field, or ``**kwargs`` in ``__init__``."""
     if name in packed_seq_params_fields(cls):
         return True
     return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
 
 
-def packed_seq_params_arguments(
-    plan: PackPlan, *, real_seqlens_in_attention: bool = False
-) -> tuple[type, dict[str, Any]]:
-    """The class and keyword arguments of a THD ``PackedSeqParams`` with global (not CP-divided) offsets.
+def packed_seq_params(
+    plan: PackPlan, *, real_seqlens_in_attention: bool = False, include_total_tokens: bool = False
+) -> Any:
+    """A new Megatron ``PackedSeqParams`` (THD) for ``plan`` per call, with global (not CP-divided) offsets; its
+    arguments are worked out once per plan and class (``plan.derived``). ``cu_seqlens_q/kv``: the padded offsets, as
+    verl passes them, or the real ones with ``real_seqlens_in_attention``. A non-zigzag layout with CP>1 needs
+    ``cp_partition_mode``. Fields added after megatron-core 0.16 (``total_tokens`` / ``seq_idx`` only with
+    ``include_total_tokens``; ``tokens_per_sample``, ``pad_between_seqs``) are set on the made object, never passed:
+    the class's ``__post_init__`` would derive ``seq_idx`` by a ``repeat_interleave`` that syncs."""
+    cls = packed_seq_params_class()  # the class as megatron holds it now
+    key = (real_seqlens_in_attention, include_total_tokens, cls)
+    made_of = plan.derived.get(key)
+    if made_of is None:
+        made_of = plan.derived[key] = _made_of(plan, cls, real_seqlens_in_attention, include_total_tokens)
+    kwargs, later = made_of
+    params = cls(**kwargs)
+    for name, value in later.items():
+        setattr(params, name, value)
+    return params
 
-    ``cu_seqlens_q/kv`` are the padded offsets, as verl passes them, or with ``real_seqlens_in_attention`` the real
-    ones (kernels that support it skip the padding). Every field the class accepts is passed (named, or through
-    ``**kwargs`` as verl allows); a non-zigzag layout with CP>1 needs ``cp_partition_mode``, as in verl.
-    """
-    cls = packed_seq_params_class()
+
+def _made_of(
+    plan: PackPlan, cls: type, real_seqlens_in_attention: bool, include_total_tokens: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``packed_seq_params``' keyword arguments of ``cls``, and the later fields it sets on the made object."""
+    tables = plan.tables
     cu_attention = plan.cu_seqlens if real_seqlens_in_attention else plan.cu_seqlens_padded
     max_attention = plan.max_seqlen if real_seqlens_in_attention else plan.max_seqlen_padded
     values: dict[str, Any] = dict(
@@ -97,30 +108,13 @@ def packed_seq_params_arguments(
             f"the {plan.layout.name} layout needs PackedSeqParams.cp_partition_mode so attention knows the cut; "
             "this megatron-core has no such field (it assumes zigzag). Use layout='zigzag' or a newer megatron-core."
         )
-    return cls, {name: value for name, value in values.items() if packed_seq_params_accepts(cls, name)}
-
-
-def packed_seq_params_later_fields(
-    plan: PackPlan, cls: type, *, real_seqlens_in_attention: bool = False, include_total_tokens: bool = False
-) -> dict[str, Any]:
-    """The fields megatron-core added after 0.16 (0.17: ``total_tokens``, ``seq_idx``; 0.19: ``tokens_per_sample``,
-    ``pad_between_seqs``) for ``plan``, computed without a host sync and set on the made object, never passed to
-    ``cls`` (its ``__post_init__`` would derive ``seq_idx`` with a ``repeat_interleave`` that syncs).
-
-    ``pad_between_seqs``: whether ``cu_seqlens_q/kv`` differ from the padded offsets before the last (what TE would
-    compute per layer with a ``torch.equal``); ``tokens_per_sample``: this rank's row length ``T / CP``; with
-    ``include_total_tokens``: ``total_tokens`` = ``T`` and ``seq_idx`` ``[1, T]`` int32, the sequence of every global
-    position (megatron's own ``__post_init__`` result, with which hybrid Mamba layers reset their state).
-    """
-    fields = packed_seq_params_fields(cls)
-    later: dict[str, Any] = {}
-    tables = plan.tables
-    if "pad_between_seqs" in fields:
+    fields, later = packed_seq_params_fields(cls), {}
+    if "pad_between_seqs" in fields:  # what TE would compute per layer with a torch.equal
         later["pad_between_seqs"] = bool(
             real_seqlens_in_attention and (tables.cu_seqlens[:-1] != tables.cu_seqlens_padded[:-1]).any()
         )
     if "tokens_per_sample" in fields:
-        later["tokens_per_sample"] = plan.local_length
+        later["tokens_per_sample"] = plan.local_length  # this rank's row length T / CP
     if include_total_tokens:
         missing = [name for name in ("total_tokens", "seq_idx") if not packed_seq_params_accepts(cls, name)]
         if missing:
@@ -129,36 +123,13 @@ def packed_seq_params_later_fields(
                 f"{cls.__module__}.{cls.__qualname__} lacks (megatron-core 0.17 added them); pass "
                 "include_total_tokens=False or upgrade megatron-core"
             )
-        later["total_tokens"] = plan.total_length
+        later["total_tokens"] = plan.total_length  # T
         slots = np.repeat(np.arange(plan.batch_size), tables.seqlens_padded)  # [T] the sequence of each position
-        later["seq_idx"] = to_device(slots, plan.device, torch.int32)[None]
-    return later
+        later["seq_idx"] = to_device(slots, plan.device, torch.int32)[None]  # [1, T]
+    return {name: value for name, value in values.items() if packed_seq_params_accepts(cls, name)}, later
 
 
-def packed_seq_params(
-    plan: PackPlan, *, real_seqlens_in_attention: bool = False, include_total_tokens: bool = False
-) -> Any:
-    """A new Megatron ``PackedSeqParams`` (THD) for ``plan`` per call: ``packed_seq_params_arguments`` passed to the
-    class, then ``packed_seq_params_later_fields`` set on the object. Both are worked out once per plan and class
-    (kept in ``plan.derived``: the drop-ins ask for every call's params)."""
-    cls = packed_seq_params_class()  # the class as megatron holds it now
-    key = (real_seqlens_in_attention, include_total_tokens, cls)
-    arguments = plan.derived.get(key)
-    if arguments is None:
-        cls, kwargs = packed_seq_params_arguments(plan, real_seqlens_in_attention=real_seqlens_in_attention)
-        later = packed_seq_params_later_fields(
-            plan, cls, real_seqlens_in_attention=real_seqlens_in_attention, include_total_tokens=include_total_tokens
-        )
-        arguments = plan.derived[key] = (cls, kwargs, later)
-    cls, kwargs, later = arguments
-    params = cls(**kwargs)
-    for name, value in later.items():
-        setattr(params, name, value)
-    return params
-
-
-# (TP size, CP size, CP rank or None for dynamic CP, id of the CP group) -> (the group, its context): a context is
-# built once per distinct answer of megatron's getters; a re-initialised parallel state gives new groups.
+# (TP size, CP size, CP rank or None for dynamic CP, id of the CP group) -> (the group, its context)
 _CONTEXTS: dict[tuple[int, int, int | None, int], tuple[Any, ParallelContext]] = {}
 
 PARALLEL_STATE = "megatron.core.parallel_state"
@@ -183,9 +154,8 @@ _NOT_INITIALISED = (
 
 
 def parallel_context_from_megatron() -> ParallelContext:
-    """The context verl's util functions read: TP size, CP size, CP rank and (CP > 1) the CP group, asked of
-    ``megatron.core.parallel_state`` through the same four getters verl calls, on every call (a test that
-    stands in its own getters, as verl's tests do, is read the same way). The context is made once per answer."""
+    """TP size, CP size, CP rank and (CP > 1) the CP group, asked on every call of ``megatron.core.parallel_state``
+    through the four getters verl calls (so stubbed getters are read too); one context per distinct answer."""
     mpu = parallel_state_module()
     try:
         tp_size = mpu.get_tensor_model_parallel_world_size()
@@ -200,63 +170,48 @@ def parallel_context_from_megatron() -> ParallelContext:
 
 
 def _context_once(tp_size: int, cp_size: int, cp_rank: int | None, cp_group: Any) -> ParallelContext:
-    """The context of megatron's answers, made once per answer (``cp_rank`` None: asked of ``torch.distributed``
-    for verl's dynamic-CP ``cp_group``)."""
+    """The context of these answers, made once (``cp_rank`` None: asked of ``torch.distributed``, dynamic CP)."""
     key = (tp_size, cp_size, cp_rank, id(cp_group))
     found = _CONTEXTS.get(key)
     if found is not None and found[0] is cp_group:
         return found[1]
-    rank = cp_rank if cp_rank is not None else _dynamic_cp_rank(cp_size, cp_group)
-    context = ParallelContext(tp_size, cp_size, rank, cp_group, group_from_megatron=True)
+    if cp_rank is None:
+        try:
+            cp_rank = torch.distributed.get_rank(group=cp_group)
+        except Exception as error:  # noqa: BLE001 - whatever torch.distributed raises: not a group it knows
+            raise ValueError(
+                f"local_cp_size={cp_size}: torch.distributed cannot tell this process's rank in the dynamic-CP "
+                f"group {cp_group!r} ({type(error).__name__}: {error}); initialise torch.distributed and megatron's "
+                "dynamic context-parallel groups first"
+            ) from error
+    context = ParallelContext(tp_size, cp_size, cp_rank, cp_group, group_from_megatron=True)
     if len(_CONTEXTS) >= 16:  # groups of torn-down parallel states: let them go
         _CONTEXTS.clear()
     _CONTEXTS[key] = (cp_group, context)
     return context
 
 
-# megatron.core.parallel_state's getter of the dynamic-CP group of a given size: released megatron-core names it
-# ``get_hybrid_data_context_parallel_groups``; verl (0.8+) calls its dev-branch name first.
+# parallel_state's getter of the dynamic-CP group of a size: verl (0.8+) tries the dev-branch name, then the released
 DYNAMIC_CP_GROUP_GETTERS = ("get_dynamic_data_context_parallel_groups", "get_hybrid_data_context_parallel_groups")
 
 
-def dynamic_cp_group(local_cp_size: int) -> Any:
-    """verl's dynamic-CP group of ``local_cp_size`` ranks, from whichever getter this megatron-core has."""
-    mpu = parallel_state_module()
-    for name in DYNAMIC_CP_GROUP_GETTERS:
-        get_groups = getattr(mpu, name, None)
-        if get_groups is not None:
-            return get_groups(group_size=local_cp_size)
-    raise ValueError(
-        "local_cp_size (dynamic context parallelism) needs megatron.core.parallel_state."
-        f"{' or '.join(DYNAMIC_CP_GROUP_GETTERS)}, which this megatron-core lacks; pass local_cp_size=None or "
-        "upgrade megatron-core"
-    )
-
-
 def megatron_context(local_cp_size: int | None = None) -> ParallelContext:
-    """TP/CP sizes, CP rank and group as verl reads them from ``megatron.core.parallel_state``; ``local_cp_size``
-    selects verl's dynamic-CP group of that many ranks (this rank asked of ``torch.distributed.get_rank(group)``)."""
+    """TP/CP as verl reads them from ``parallel_state``; ``local_cp_size``: verl's dynamic-CP group of that size."""
     if local_cp_size is None:
         return parallel_context_from_megatron()
     require_int("local_cp_size", local_cp_size, minimum=1)
-    group = dynamic_cp_group(local_cp_size)
-    return dynamic_cp_context(local_cp_size, group)
+    mpu = parallel_state_module()
+    get_groups = next(filter(None, (getattr(mpu, name, None) for name in DYNAMIC_CP_GROUP_GETTERS)), None)
+    if get_groups is None:
+        raise ValueError(
+            "local_cp_size (dynamic context parallelism) needs megatron.core.parallel_state."
+            f"{' or '.join(DYNAMIC_CP_GROUP_GETTERS)}, which this megatron-core lacks; pass local_cp_size=None or "
+            "upgrade megatron-core"
+        )
+    return dynamic_cp_context(local_cp_size, get_groups(group_size=local_cp_size))
 
 
 def dynamic_cp_context(local_cp_size: int, group: Any) -> ParallelContext:
     """The context of verl's dynamic-CP ``group`` of ``local_cp_size`` ranks (made once per group)."""
     tp_size = parallel_state_module().get_tensor_model_parallel_world_size()
     return _context_once(tp_size, local_cp_size, None, group)
-
-
-def _dynamic_cp_rank(local_cp_size: int, group: Any) -> int:
-    import torch.distributed as dist
-
-    try:
-        return dist.get_rank(group=group)
-    except Exception as error:  # noqa: BLE001 - whatever torch.distributed raises: not a group it knows
-        raise ValueError(
-            f"local_cp_size={local_cp_size}: torch.distributed cannot tell this process's rank in the dynamic-CP "
-            f"group {group!r} ({type(error).__name__}: {error}); initialise torch.distributed and megatron's "
-            "dynamic context-parallel groups first"
-        ) from error

@@ -1,18 +1,15 @@
 """Megatron-Bridge's own packing copies, replaced by the core and made consistent with verl's ``PackedSeqParams``.
 
-Megatron-Bridge's ``Qwen3VLModel`` packs again what verl packed (``preprocess_packed_seqs``, a copy of verl's loop)
-or cuts one sequence with ``get_packed_seq_cp_partition_indices``; replacing verl's functions never reaches them.
-``install()`` rebinds both (``COPIES``), in the module that defines each and in every module that binds it by name.
-Ours returns what the bridge's returns where the bridge is right, and otherwise packs as the ``PackedSeqParams``
-verl passed describe (the mask ``build_vlm_attn_mask_thd`` returned remembers their plan); a mask of params
-verl_cppack did not make is refused (their padding cannot be known). Each function is replaced only while the
-bridge is in ``VERSIONS`` and the function still has the signature and the line it was read for; otherwise
-``status()`` (``verl-cppack doctor``) says why. Nothing here imports the bridge (it imports Transformer Engine).
-"""
+Megatron-Bridge's ``Qwen3VLModel`` repacks what verl packed with its own copies (``COPIES``), which replacing verl's
+functions never reaches; ``install()`` rebinds them where defined and where bound by name. Ours pack as verl's
+``PackedSeqParams`` describe (via the mask ``build_vlm_attn_mask_thd`` returned), else as the bridge does. A copy is
+replaced only while the bridge is in ``VERSIONS`` and the copy keeps the signature and line it was read for, else
+``status()`` says why. Nothing here imports the bridge (it imports Transformer Engine)."""
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib.metadata
 import importlib.util
@@ -46,9 +43,8 @@ PACKED_SEQ_UTILS = "megatron.bridge.training.utils.packed_seq_utils"
 
 # ------------------------------------------------------------------------------------------------ the drop-ins
 def _context_of(pg_collection: Any) -> ParallelContext:
-    """TP/CP as the bridge reads them: the sizes and the CP rank of ``pg_collection``'s ``.tp`` / ``.cp`` groups when
-    given (no group is kept: packing needs no communication, and the bridge discards these params), else megatron's
-    parallel state as verl's getters read it."""
+    """TP/CP of ``pg_collection``'s ``.tp`` / ``.cp`` groups (no group kept: packing needs no communication), else
+    megatron's parallel state as verl reads it."""
     if pg_collection is None:
         return dropins.megatron_context()
     tp, cp = getattr(pg_collection, "tp", None), getattr(pg_collection, "cp", None)
@@ -62,9 +58,8 @@ def _context_of(pg_collection: Any) -> ParallelContext:
 def preprocess_packed_seqs(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, pre_process: bool = True, pg_collection: Any = None
 ) -> tuple[torch.Tensor, Any]:
-    """The bridge's signature: ``[B, S, *]`` rows + mask ``[B, S]`` -> (``[1, T/CP, *]`` this rank's packed rows,
-    ``PackedSeqParams``; ``pre_process=False``: rows unpacked), as verl's params describe for the mask verl's
-    ``build_vlm_attn_mask_thd`` returned, else by the bridge's own rule (``TP*CP*2`` slots, zigzag)."""
+    """``[B, S, *]`` rows + mask ``[B, S]`` -> (``[1, T/CP, *]`` packed rows or, ``pre_process=False``, the rows;
+    ``PackedSeqParams``): verl's stream for verl's VLM masks, else the bridge's rule (``TP*CP*2`` slots, zigzag)."""
     mask = require_mask("attention_mask", attention_mask)
     ctx = _context_of(pg_collection)
     plan = dropins.vlm_mask_plan(mask, ctx)  # verl's stream, for the mask verl's build_vlm_attn_mask_thd made
@@ -80,8 +75,7 @@ def cp_partition_indices(
     packed_seq_params: Any, *, total_tokens: int, cp_size: int, cp_rank: int, device: torch.device, cp_group: Any = None
 ) -> torch.Tensor:
     """The bridge's ``get_packed_seq_cp_partition_indices``: this CP rank's ``[T/CP]`` int64 positions in the global
-    stream. For params verl_cppack made, the positions of their plan (its layout and CP size: the contiguous layout
-    and dynamic CP included); for others Transformer Engine's zigzag cut of their padded offsets (the bridge's)."""
+    stream, from the plan of params verl_cppack made (any layout), else TE's zigzag cut of their padded offsets."""
     if cp_size < 1 or not 0 <= cp_rank < cp_size:
         raise ValueError(f"Invalid context-parallel rank {cp_rank} for size {cp_size}.")
     if cp_group is not None and (cp_group.size() != cp_size or cp_group.rank() != cp_rank):
@@ -161,8 +155,7 @@ def installed_version() -> str | None:
 
 
 def why_not(copy: BridgeCopy, parameters: tuple[str, ...] | None, source: str | None) -> str | None:
-    """Why the bridge's function (its parameter names and source; None: not found) must stay the bridge's (another
-    release, signature or body), or None."""
+    """Why the bridge's function (parameter names and source; None: not found) must stay the bridge's, or None."""
     version = installed_version()
     if version is None or Version(version) not in SpecifierSet(VERSIONS):
         return f"{DISTRIBUTION} {version or '(no distribution)'} is not {VERSIONS}, the releases it was read for"
@@ -175,19 +168,8 @@ def why_not(copy: BridgeCopy, parameters: tuple[str, ...] | None, source: str | 
     return None
 
 
-def _why_not_live(copy: BridgeCopy, original: Any) -> str | None:
-    if not callable(original):
-        return why_not(copy, None, None)
-    try:
-        source = inspect.getsource(inspect.unwrap(original))
-    except (OSError, TypeError):
-        source = None
-    return why_not(copy, tuple(inspect.signature(original).parameters), source)
-
-
 def source_report() -> dict[str, str]:
-    """Without importing the bridge (it needs Transformer Engine): each copy's fate read from the installed source,
-    ``"replaced"`` or why it stays the bridge's. Empty where Megatron-Bridge is not installed."""
+    """Each copy's fate read from the installed source, unimported: ``"replaced"`` or why not; empty without it."""
     spec = importlib.util.find_spec("megatron")
     if installed_version() is None or spec is None:
         return {}
@@ -209,8 +191,7 @@ def source_report() -> dict[str, str]:
 
 
 def _rebind(copy: BridgeCopy, module: ModuleType) -> None:
-    """Bind ours where ``module`` holds the bridge's function (or record that it already holds ours: a binder
-    imported after the defining module was patched binds ours itself)."""
+    """Bind ours where ``module`` holds the bridge's function; record it where it holds ours already."""
     with _LOCK:
         bound = vars(module).get(copy.name)
         if bound is _STATE.originals.get(copy.name) and bound is not None:
@@ -227,23 +208,24 @@ def _patch_defining_module(copy: BridgeCopy, module: ModuleType) -> None:
         original = vars(module).get(copy.name)
         if original is copy.replacement:
             return
-        reason = _why_not_live(copy, original)
+        parameters = source = None
+        if callable(original):
+            parameters = tuple(inspect.signature(original).parameters)
+            with contextlib.suppress(OSError, TypeError):
+                source = inspect.getsource(inspect.unwrap(original))
+        reason = why_not(copy, parameters, source)
         if reason is not None:
             _STATE.left_to_bridge[copy.name] = reason
             return
         _STATE.originals[copy.name] = original
         _rebind(copy, module)
         for binder in copy.binders:
-            after_import(binder, _callback("bind", copy))
+            after_import(binder, _BIND[copy.name])
 
 
-_CALLBACKS: dict[tuple[str, str], Callable[[ModuleType], None]] = {}
-
-
-def _callback(kind: str, copy: BridgeCopy) -> Callable[[ModuleType], None]:
-    """One callback object per (kind, copy), so that ``uninstall`` can cancel what is pending."""
-    act = _patch_defining_module if kind == "define" else _rebind
-    return _CALLBACKS.setdefault((kind, copy.name), functools.partial(act, copy))
+# one callback object per copy and kind, so that ``uninstall`` can cancel what is pending
+_DEFINE = {copy.name: functools.partial(_patch_defining_module, copy) for copy in COPIES}
+_BIND = {copy.name: functools.partial(_rebind, copy) for copy in COPIES}
 
 
 def install() -> None:
@@ -251,22 +233,21 @@ def install() -> None:
     with _LOCK:
         _STATE.installed = True
         for copy in COPIES:
-            after_import(copy.module, _callback("define", copy))
+            after_import(copy.module, _DEFINE[copy.name])
 
 
 def uninstall() -> None:
     """Put the bridge's functions back wherever ours were bound, and cancel what is pending."""
     with _LOCK:
         for copy in COPIES:
-            cancel(copy.module, _callback("define", copy))
+            cancel(copy.module, _DEFINE[copy.name])
             for binder in copy.binders:
-                cancel(binder, _callback("bind", copy))
+                cancel(binder, _BIND[copy.name])
             for module_name in _STATE.replaced.get(copy.name, []):
                 module = sys.modules.get(module_name)
                 if module is not None and vars(module).get(copy.name) is copy.replacement:
                     setattr(module, copy.name, _STATE.originals[copy.name])
-        _STATE.installed = False
-        _STATE.replaced, _STATE.left_to_bridge, _STATE.originals = {}, {}, {}
+        vars(_STATE).update(vars(BridgeState()))
 
 
 def status() -> dict[str, Any]:

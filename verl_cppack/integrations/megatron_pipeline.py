@@ -1,11 +1,8 @@
 """``PackedSeqParams`` with valid-token metadata that survives pipeline / virtual-pipeline micro-batching.
 
-Two kinds of fields, kept apart by name: per micro-batch (``PER_MICROBATCH_FIELDS``: this micro-batch only) and
-whole batch (``WHOLE_BATCH_FIELDS``: the same on every micro-batch, never to be read as this micro-batch's value).
-Counts are global over the CP group and exact host ints (a micro-batch's loss tokens are its real tokens minus its
-documents: no collective, no sync). The class subclasses the installed ``PackedSeqParams`` (a stand-in without
-megatron-core), so Megatron accepts it and ``dataclasses.replace`` keeps the extras.
-"""
+``PER_MICROBATCH_FIELDS`` hold this micro-batch's values, ``WHOLE_BATCH_FIELDS`` the whole batch's (never read them
+as this micro-batch's); counts are global over CP, exact host ints (no collective, no sync). The class subclasses the
+installed ``PackedSeqParams``, so Megatron accepts it and ``dataclasses.replace`` keeps the extras."""
 
 from __future__ import annotations
 
@@ -43,20 +40,14 @@ def packed_seq_params_with_valid_tokens_class() -> type:
     taken = packed_seq_params_fields(base) & {*PER_MICROBATCH_FIELDS, *WHOLE_BATCH_FIELDS}
     if taken:
         raise TypeError(f"this megatron-core's PackedSeqParams already defines {sorted(taken)}; cannot extend it")
+    masks = ("local_valid_mask", "local_loss_mask")  # [T_local] bool; the other fields are ints
     extra = [
-        ("local_valid_mask", "torch.Tensor | None", dataclasses.field(default=None)),  # [T_local] bool
-        ("local_loss_mask", "torch.Tensor | None", dataclasses.field(default=None)),  # [T_local] bool
-        ("num_valid_tokens", "int | None", dataclasses.field(default=None)),
-        ("num_loss_tokens", "int | None", dataclasses.field(default=None)),
-        ("microbatch_index", "int | None", dataclasses.field(default=None)),
-        *((name, "int | None", dataclasses.field(default=None)) for name in WHOLE_BATCH_FIELDS),
+        (name, "torch.Tensor | None" if name in masks else "int | None", dataclasses.field(default=None))
+        for name in (*PER_MICROBATCH_FIELDS, *WHOLE_BATCH_FIELDS)
     ]
     cls = dataclasses.make_dataclass("PackedSeqParamsWithValidTokens", extra, bases=(base,))
     cls.__module__ = __name__
-    cls.__doc__ = (
-        "PackedSeqParams (THD) plus per-micro-batch valid-token fields (local_valid_mask, local_loss_mask, "
-        "num_valid_tokens, num_loss_tokens, microbatch_index) and whole-batch totals (whole_batch_*)."
-    )
+    cls.__doc__ = "PackedSeqParams (THD) plus PER_MICROBATCH_FIELDS and WHOLE_BATCH_FIELDS (megatron_pipeline)"
     return cls
 
 
@@ -68,10 +59,8 @@ def packed_seq_params_with_valid_tokens(
     microbatch_index: int = 0,
     whole_batch: WholeBatch | None = None,
 ) -> Any:
-    """The plan's ``PackedSeqParams`` plus this micro-batch's valid-token metadata.
-
-    ``valid_mask`` / ``loss_mask``: this rank's ``[1, T_local]`` or ``[T_local]`` bool; ``loss_mask`` is the plan's
-    next-token target mask (possibly narrowed), so ``num_loss_tokens = num_valid_tokens - batch_size``.
+    """The plan's ``PackedSeqParams`` plus this micro-batch's valid-token metadata. ``valid_mask`` / ``loss_mask``:
+    this rank's ``[1, T_local]`` or ``[T_local]`` bool (``num_loss_tokens = num_valid_tokens - batch_size``);
     ``whole_batch=None``: the batch is this one micro-batch."""
     num_loss_tokens = plan.num_valid_tokens - plan.batch_size
     if whole_batch is None:
@@ -90,16 +79,12 @@ def packed_seq_params_with_valid_tokens(
         num_valid_tokens=plan.num_valid_tokens,
         num_loss_tokens=num_loss_tokens,
         microbatch_index=microbatch_index,
-        whole_batch_num_valid_tokens=whole_batch.num_valid_tokens,
-        whole_batch_num_loss_tokens=whole_batch.num_loss_tokens,
-        whole_batch_num_documents=whole_batch.num_documents,
-        whole_batch_num_microbatches=whole_batch.num_microbatches,
+        **{name: getattr(whole_batch, name.removeprefix("whole_batch_")) for name in WHOLE_BATCH_FIELDS},
     )
 
 
 def documents_packed_seq_params(documents: PackedDocuments) -> Any:
-    """Megatron ``PackedSeqParams`` (THD) of packed documents plus their micro-batch's valid-token metadata (a new
-    object per call; the contiguous layout with CP>1 needs a megatron-core with ``cp_partition_mode``)."""
+    """``packed_seq_params_with_valid_tokens`` of packed documents (a new object per call)."""
     return packed_seq_params_with_valid_tokens(
         documents.plan,
         valid_mask=documents.valid_mask,
@@ -110,8 +95,8 @@ def documents_packed_seq_params(documents: PackedDocuments) -> Any:
 
 
 def split_microbatches(tokens: torch.Tensor, num_microbatches: int, **pack_kwargs: Any) -> list[PackedDocuments]:
-    """Cut ``tokens`` [B, S] into ``num_microbatches`` equal row groups and pack each as documents
-    (``pack_kwargs`` to ``pack_documents``), each with its own per-micro-batch fields and the shared whole-batch totals."""
+    """``tokens`` [B, S] cut into ``num_microbatches`` equal row groups, each ``pack_documents(rows, **pack_kwargs)``
+    with its own micro-batch index and the shared whole-batch totals."""
     require_int("num_microbatches", num_microbatches, minimum=1)
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
         raise ValueError("tokens must be a [B, S] tensor")
@@ -138,8 +123,7 @@ def split_microbatches(tokens: torch.Tensor, num_microbatches: int, **pack_kwarg
 
 
 def virtual_pipeline_iterators(microbatches: Sequence[Any], num_model_chunks: int) -> list[Iterator[Any]]:
-    """One iterator per virtual-pipeline model chunk, each over the same micro-batches in order (every chunk of
-    Megatron's interleaved schedule consumes all ``M``; one shared iterator would hand chunk 1 micro-batch 2's data)."""
+    """One iterator per virtual-pipeline model chunk over the same micro-batches (each chunk consumes all of them)."""
     require_int("num_model_chunks", num_model_chunks, minimum=1)
     items = list(microbatches)
     return [iter(items) for _ in range(num_model_chunks)]

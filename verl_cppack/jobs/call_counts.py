@@ -1,8 +1,7 @@
 """A job's count of the drop-in calls verl makes in each process, for jobs that must prove the drop-ins ran.
 
-Imported in verl's processes, it wraps every drop-in in ``counted``; each process's record (``_record``) goes into
-the Ray cluster's key-value store under ``$VERL_CPPACK_CALL_COUNT_RAY_KEY`` when connected to Ray, else into
-``$VERL_CPPACK_CALL_COUNT_DIR/<host>-<pid>.json``; without either variable nothing is counted."""
+Each process's record goes to Ray's key-value store under ``$VERL_CPPACK_CALL_COUNT_RAY_KEY`` (when connected),
+else to ``$VERL_CPPACK_CALL_COUNT_DIR/<host>-<pid>.json``; without either variable nothing is counted."""
 
 from __future__ import annotations
 
@@ -52,14 +51,12 @@ def counted(name: str, dropin: Callable[..., Any]) -> Callable[..., Any]:
     return counting
 
 
-# Ray's key-value store has no public API; these private functions of ray.experimental.internal_kv (Ray 2.x) are
-# the ones the records use: checked before each use, so a Ray without them fails naming them (``ray_key_value``).
+# Ray's key-value store has no public API: private ray.experimental.internal_kv functions (Ray 2.x), checked first
 RAY_KV_FUNCTIONS = ("_internal_kv_put", "_internal_kv_get", "_internal_kv_list", "_internal_kv_del")
 
 
 def ray_key_value() -> Any:
-    """``ray.experimental.internal_kv`` once it is known to have ``RAY_KV_FUNCTIONS``; a ``RuntimeError`` naming
-    what this Ray lacks and the way around it otherwise."""
+    """``ray.experimental.internal_kv``, checked to have ``RAY_KV_FUNCTIONS`` (else a ``RuntimeError`` naming them)."""
     from ray.experimental import internal_kv
 
     missing = [name for name in RAY_KV_FUNCTIONS if not callable(getattr(internal_kv, name, None))]

@@ -1,6 +1,4 @@
-"""The counting task's reward, verl's ``custom_reward_function`` (``reward.custom_reward_function.path`` = this file).
-
-verl loads this file by path, outside any package: it imports nothing but the standard library."""
+"""The counting task's reward, verl's ``custom_reward_function``; verl loads it by path: standard library only."""
 
 SYMBOLS = "0123456789abcdef"
 RESPONSE_LENGTH = 6

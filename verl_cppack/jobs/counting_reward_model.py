@@ -1,7 +1,6 @@
 """The counting task's reward model: the checkpoint ``verl-cppack ppo`` initialises verl's critic from.
 
-As in InstructGPT, the value function starts from the RM: the task's tiny Llama trained to predict
-``score_response`` at the last token, saved as a ``LlamaForCausalLM`` (verl's critic replaces the LM head)."""
+The task's tiny Llama trained to predict ``score_response`` at the last token, saved as a ``LlamaForCausalLM``."""
 
 from __future__ import annotations
 
@@ -24,13 +23,9 @@ class RewardModelTraining:
     seed: int = 0
     version: int = 1  # bump when what is made changes
 
-    def key(self) -> str:
-        return dataclass_key(self)
-
 
 def sample_scored_response(rng: random.Random) -> tuple[str, str, float]:
-    """A prompt, a made-up response and its score, spread over every score from 0 to 1 (a per-response
-    probability of counting on, drawn uniformly; one in ten stops early, as sampled responses sometimes do)."""
+    """A prompt, a made-up response and its score, scores spread over [0, 1]; one response in ten stops early."""
     prompt = sample_prompt(rng)
     counting = rng.random()
     length = rng.randint(0, RESPONSE_LENGTH - 1) if rng.random() < 0.1 else RESPONSE_LENGTH
@@ -108,7 +103,7 @@ def train_reward_model(policy_model: Path, directory: Path, training: RewardMode
 
 def reward_model_dir(paths: CountingPaths, training: RewardModelTraining = RewardModelTraining()) -> Path:
     """Where the reward model for ``paths``' policy checkpoint and ``training`` lives (made or not)."""
-    return paths.root / f"reward_model-{training.key()}"
+    return paths.root / f"reward_model-{dataclass_key(training)}"
 
 
 def ensure_counting_reward_model(paths: CountingPaths, training: RewardModelTraining = RewardModelTraining()) -> Path:

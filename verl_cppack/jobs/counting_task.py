@@ -1,8 +1,7 @@
 """The counting task, made locally for verl's trainer: a tiny Llama, a character tokenizer, parquet data, a reward.
 
-Nothing can be downloaded where this runs, so every asset is made once into one cached directory, which the jobs
-ship to every Ray worker as its working directory. A prompt is 2..6 symbols; the reward is the fraction of the
-response symbols that are their predecessor plus one (``"3a"`` -> ``"bcdef0"``, ``counting_reward.py``)."""
+Every asset is made once (nothing can be downloaded) into one cached directory, every Ray worker's working
+directory. A prompt is 2..6 symbols; a correct response counts on from it (``"3a"`` -> ``"bcdef0"``)."""
 
 from __future__ import annotations
 
@@ -39,9 +38,6 @@ class CountingAssets:
     seed: int = 0
     version: int = 3  # bump when what is made changes (2: the reward file is part of the task directory)
 
-    def key(self) -> str:
-        return dataclass_key(self)
-
 
 def dataclass_key(value) -> str:
     """A short hash of a dataclass's fields: the name of what was made from them."""
@@ -72,7 +68,7 @@ def ensure_counting_assets(assets: CountingAssets = CountingAssets(), root: Path
 
     def make(staging: Path) -> None:
         made = CountingPaths(staging)
-        save_tokenizer(made.model)
+        build_tokenizer().save_pretrained(made.model)
         save_tiny_llama(made.model, assets)
         write_dataset(made.train, assets.train_prompts, seed=assets.seed)
         write_dataset(made.test, assets.test_prompts, seed=assets.seed + 1)
@@ -80,12 +76,11 @@ def ensure_counting_assets(assets: CountingAssets = CountingAssets(), root: Path
         (staging / "assets.json").write_text(json.dumps(asdict(assets), indent=2, sort_keys=True))
         (staging / "complete").write_text("")
 
-    return CountingPaths(made_once((root or cache_root()) / f"counting-{assets.key()}", "complete", make))
+    return CountingPaths(made_once((root or cache_root()) / f"counting-{dataclass_key(assets)}", "complete", make))
 
 
 def made_once(directory: Path, done: str, make: Callable[[Path], None]) -> Path:
-    """``directory``, made by ``make(staging)`` unless ``directory/done`` exists: in a temporary directory renamed
-    into place, so a crash never leaves a half-made copy a later run would trust."""
+    """``directory``, made by ``make(staging)`` unless ``directory/done`` exists; staged, so a crash leaves no copy."""
     if (directory / done).is_file():
         return directory
     staging = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
@@ -115,11 +110,6 @@ def build_tokenizer():
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, unk_token=PAD)
     fast.chat_template = CHAT_TEMPLATE
     return fast
-
-
-def save_tokenizer(directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    build_tokenizer().save_pretrained(directory)
 
 
 def save_tiny_llama(directory: Path, assets: CountingAssets) -> None:
@@ -155,18 +145,17 @@ def write_dataset(path: Path, num_prompts: int, seed: int) -> None:
     import pandas as pd
 
     rng = random.Random(seed)
-    rows = []
-    for index in range(num_prompts):
-        prompt = sample_prompt(rng)
-        rows.append(
-            {
-                "data_source": DATA_SOURCE,
-                "prompt": [{"role": "user", "content": prompt}],
-                "ability": "counting",
-                "reward_model": {"style": "rule", "ground_truth": prompt[-1]},
-                "extra_info": {"index": index},
-            }
-        )
+    prompts = [sample_prompt(rng) for _ in range(num_prompts)]
+    rows = [
+        {
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": prompt}],
+            "ability": "counting",
+            "reward_model": {"style": "rule", "ground_truth": prompt[-1]},
+            "extra_info": {"index": index},
+        }
+        for index, prompt in enumerate(prompts)
+    ]
     pd.DataFrame(rows).to_parquet(path)
 
 

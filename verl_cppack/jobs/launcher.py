@@ -1,8 +1,6 @@
 """Run ``verl.trainer.main_ppo`` as a child process with verl_cppack on, follow its metrics, write the results.
 
-The launcher follows verl's ``file`` logger (one JSON line per step) into ``DIR/metrics.jsonl`` and stops the
-trainer when ``watch`` says the run cannot go on or no step lands in time; the trainer's output is ``DIR/trainer.log``.
-"""
+Outputs: ``DIR/metrics.jsonl`` (from verl's ``file`` logger, one line per step) and ``DIR/trainer.log``."""
 
 from __future__ import annotations
 
@@ -90,11 +88,8 @@ def hydra_string(value: str) -> str:
 def run_trainer(
     run: TrainerRun, on_step: Callable[[dict[str, Any]], None], watch: Callable[[], str | None] = lambda: None
 ) -> list[dict[str, Any]]:
-    """Run verl's trainer to the end; ``on_step(record)`` for every step as it lands. Returns the records.
-
-    ``TrainerFailed`` when the trainer exits non-zero, ``watch()`` (asked every few seconds) says why the run cannot
-    go on, or no step lands in time; anything else that ends the wait propagates. The trainer is stopped first.
-    """
+    """Run verl's trainer to the end, ``on_step(record)`` per step as it lands; returns the records. The trainer
+    stopped first, ``TrainerFailed`` on a non-zero exit, a ``watch()`` problem or no step in time."""
     run.output_dir.mkdir(parents=True, exist_ok=True)
     writer = MetricsWriter(run.output_dir / "metrics.jsonl")
     records: list[dict[str, Any]] = []
@@ -166,7 +161,7 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 def _trainer_setup() -> Callable[[], None]:
     """The trainer's ``preexec_fn``: SIGINT back to its default and, on Linux, SIGKILL when the launcher dies (not
-    SIGINT: a clean driver shutdown would wait 60 s on the vanished local GCS). libc is loaded here, not in the child."""
+    SIGINT: a clean driver shutdown would wait on the vanished local GCS); libc is loaded here, not in the child."""
     prctl = None
     if sys.platform.startswith("linux"):
         import ctypes
@@ -226,20 +221,14 @@ def step_record(logged: dict[str, Any], shape: ParallelShape) -> dict[str, Any]:
     """One line of verl's file logger (``{"step", "data"}``) as a metrics.jsonl record: verl's numeric metrics plus
     ``step``, ``reward_mean``, ``tp``, ``cp``, ``dp``; non-finite values are left out, named under ``non_finite``."""
     data = logged["data"]
-    record: dict[str, Any] = {}
-    non_finite = []
-    for name, value in data.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if isinstance(value, float) and not math.isfinite(value):
-            non_finite.append(name)
-            continue
-        record[name] = value
+    numbers = {k: v for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    non_finite = sorted(k for k, v in numbers.items() if isinstance(v, float) and not math.isfinite(v))
+    record = {k: v for k, v in numbers.items() if k not in non_finite}
     record.update(
         step=int(logged["step"]), reward_mean=float(data["critic/score/mean"]), tp=shape.tp, cp=shape.cp, dp=shape.dp
     )
     if non_finite:
-        record["non_finite"] = sorted(non_finite)
+        record["non_finite"] = non_finite
     return record
 
 

@@ -12,8 +12,7 @@ from typing import Any, TextIO
 
 
 def fresh_output_dir(requested: str | Path) -> Path:
-    """``requested`` if it is missing or empty, else a new ``requested/run-YYYYmmdd-HHMMSS[-k]`` inside it:
-    earlier results are never overwritten."""
+    """``requested`` if it is missing or empty, else a new ``requested/run-YYYYmmdd-HHMMSS[-k]`` inside it."""
     requested = Path(requested)
     if requested.exists() and not requested.is_dir():
         raise ValueError(f"output path {requested} exists and is not a directory; pass --output DIR")

@@ -1,7 +1,4 @@
-"""The parallel shape of a job: TP, CP and DP sizes and the Ray nodes the workers span.
-
-Every Megatron model of the job runs at ``tp`` x ``cp``; verl derives DP from the world size, so
-``workers = tp * cp * dp`` worker slots are asked of Ray, ``workers / nnodes`` on each node."""
+"""The parallel shape of a job: TP, CP and DP sizes and the Ray nodes the ``tp * cp * dp`` workers span."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """PPO through verl's own trainer with a Megatron critic: actor, reference and critic at CP=N (``verl-cppack ppo``).
 
-verl's GSM8K PPO recipe with the CPU overlay, plus the critic's Megatron engine at the same CP size, started from the
-counting task's reward model. The settings below were measured on the counting task (README, Results)."""
+The critic starts from the counting task's reward model; the settings below are tuned on the counting task."""
 
 from __future__ import annotations
 
@@ -14,15 +13,13 @@ from verl_cppack.jobs.output import Panel, fifth_means
 from verl_cppack.jobs.trainer_config import PLUGIN, CpuRun, megatron_overlay
 from verl_cppack.jobs.verl_job import JobKind, JobSettings
 
-# The critic starts from the reward model (better than the random trunk on each of eight replayed runs) with a new
-# value head, so it trains alone for the first CRITIC_ONLY_STEPS steps.
+# The critic starts from the reward model with a new value head, so it trains alone for CRITIC_ONLY_STEPS steps.
 CRITIC_LEARNING_RATE = 5e-4
 CRITIC_EPOCHS = 1
 CRITIC_ONLY_STEPS = 2
 # verl 0.9.1 counts steps from 1 and skips the actor's update while trainer.critic_warmup > step.
 CRITIC_WARMUP = CRITIC_ONLY_STEPS + 1
-# PPO's entropy bonus, the PPO paper's c2 = 0.01 (verl's default is 0); the actor's learning rate, not the bonus,
-# stopped the collapse onto periodic answers (PPO_DEFAULTS).
+# PPO's entropy bonus, the PPO paper's c2 = 0.01 (verl's default is 0)
 ENTROPY_COEFFICIENT = 0.01
 
 
@@ -78,6 +75,5 @@ PPO = JobKind(
     make_assets=make_reward_model,
 )
 
-# 128 responses per step, as grpo's 16 x 8. The actor at a third of grpo's learning rate: at 3e-3 every dumped PPO
-# run collapsed onto a few periodic answers whose returns hardly vary; at 1e-3 each learnt to count (README, Results).
+# 128 responses per step, as grpo's; the actor at 1e-3: at grpo's 3e-3 PPO collapsed onto periodic answers
 PPO_DEFAULTS = JobSettings(prompts_per_step=32, group_size=4, learning_rate=1e-3)

@@ -1,13 +1,11 @@
-"""The Ray cluster a job runs on, held by the launcher from before verl starts until after it ends.
-
-``ClusterSession.open`` starts a local cluster (one logical GPU per worker slot) or joins ``--address``, and refuses
-one that cannot hold the job (``capacity_problem``); ``watch`` reports a dead node of the job or a placement group
-pending too long; ``close`` disconnects (a local cluster stops with it).
-"""
+"""The Ray cluster a job runs on, held by the launcher from before verl starts until after it ends."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,8 +15,7 @@ from verl_cppack.jobs.parallel_shape import ParallelShape
 
 # verl's RayResourcePool bundle, one per worker slot: {"CPU": max_colocate_count (3), "GPU": 1}, STRICT_PACK per node.
 CPUS_PER_SLOT = 3
-# Logical CPUs verl asks for outside the placement groups: the TaskRunner, the agent-loop and reward workers, the
-# TransferQueue controller and storage units (3 at peak, measured with 2 workers; one kept in reserve).
+# Logical CPUs verl asks for outside the placement groups (TaskRunner, agent-loop, reward, TransferQueue), + 1 spare
 EXTRA_CPUS = 4
 LOCAL_CLUSTER_CPUS = 16  # logical CPUs of the local cluster (the v1 trainer's TransferQueue stalled with 8)
 SLOT_RESOURCE = "GPU"  # verl's resource pools count GPUs; the CPU platform maps one logical GPU to one worker
@@ -47,8 +44,7 @@ class NodeCapacity:
 
 
 def ray_host_port(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a Ray head address, ``None`` for 'auto' or a ``ray://`` client address;
-    ``ValueError`` for anything else."""
+    """``(host, port)`` of a Ray head address, ``None`` for 'auto' or ``ray://...``; ``ValueError`` otherwise."""
     if address == "auto" or address.startswith("ray://"):
         return None
     host, _, port = address.rpartition(":")
@@ -75,12 +71,7 @@ AUTH_MODE_ENV = "RAY_AUTH_MODE"
 
 
 def check_joinable(address: str) -> None:
-    """Refuse, in bounded time, an address this process could not join: nothing or no Ray head listens there (a child
-    tries to join for ``JOIN_TIMEOUT_S``), or the cluster wants a token this client does not send (said, not chosen)."""
-    import os
-    import subprocess
-    import sys
-
+    """Refuse in bounded time (``JOIN_TIMEOUT_S``) an address with no Ray head, or one wanting a token not sent."""
     check_address_answers(address)
     probe = "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR')"
     try:
@@ -112,8 +103,7 @@ def check_joinable(address: str) -> None:
 def capacity_problem(
     nodes: Sequence[NodeCapacity], available: dict[str, float], shape: ParallelShape, where: str
 ) -> str | None:
-    """What the cluster lacks for ``shape`` (``None``: it can hold it). ``nodes`` are the alive nodes with their
-    totals, ``available`` what is free in the whole cluster now (other jobs hold the rest)."""
+    """What the cluster lacks for ``shape`` (None: it fits); ``nodes``: alive ones' totals, ``available``: free now."""
     per_node = shape.workers_per_node
     node_cpus = CPUS_PER_SLOT * per_node
     slots = sum(node.slots for node in nodes)
@@ -154,8 +144,7 @@ class ClusterSession:
 
     @classmethod
     def open(cls, address: str | None, shape: ParallelShape) -> ClusterSession:
-        """Start a local cluster (``address`` None) or join the one at ``address``; ``ClusterTooSmall`` /
-        ``ClusterUnavailable`` (the session closed) when it cannot hold ``shape`` / nothing answers."""
+        """Start a local cluster (``address`` None) or join ``address``; ``ClusterTooSmall``/``ClusterUnavailable``."""
         import ray
 
         if address is not None:
@@ -181,12 +170,11 @@ class ClusterSession:
         session = cls(ray, join_address, address is None)
         try:
             problem = capacity_problem(session.nodes(), ray.available_resources(), shape, address or "this machine")
+            if problem is not None:
+                raise ClusterTooSmall(problem)
         except BaseException:
             session.close()
             raise
-        if problem is not None:
-            session.close()
-            raise ClusterTooSmall(problem)
         return session
 
     def nodes(self) -> list[NodeCapacity]:
@@ -202,8 +190,7 @@ class ClusterSession:
         ]
 
     def watch(self, now: float | None = None) -> str | None:
-        """Why the run cannot go on, or ``None``: a node hosting the job's placement groups died, or one of them
-        has been pending for ``PENDING_PLACEMENT_TIMEOUT_S``."""
+        """Why the run cannot go on (a job node died, a placement group pending too long), or ``None``."""
         now = time.monotonic() if now is None else now
         alive = {node["NodeID"] for node in self._ray.nodes() if node["Alive"]}
         for group_id, group in self._ray.util.placement_group_table().items():

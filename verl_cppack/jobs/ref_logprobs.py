@@ -1,7 +1,4 @@
-"""Reference log-probs through verl's Megatron engine at context parallelism N (``verl-cppack ref-logprobs``).
-
-:func:`run` runs a checked request in ``cp`` gloo processes, each with verl's forward-only engine; rank 0 writes
-``ref_logprobs.jsonl`` and ``summary.json``, each rank's output goes to ``worker-<rank>.log``."""
+"""Reference log-probs through verl's Megatron engine at context parallelism N (``verl-cppack ref-logprobs``)."""
 
 from __future__ import annotations
 
@@ -75,8 +72,7 @@ def write_results(request: RefLogprobsRequest, log_probs: torch.Tensor, wall_s: 
 
 
 def run(request: RefLogprobsRequest) -> dict[str, Any]:
-    """Run ``request.cp`` gloo ranks, wait for them, return rank 0's ``summary.json``; :class:`WorkerFailed` when a
-    rank fails (every worker is stopped first, as on ``KeyboardInterrupt``)."""
+    """Run ``request.cp`` gloo ranks; rank 0's ``summary.json``, or :class:`WorkerFailed` (every worker stopped)."""
     try:
         run_world(
             _score,

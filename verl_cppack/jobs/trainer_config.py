@@ -1,7 +1,6 @@
-"""The Hydra overrides verl's trainer runs with: a GPU recipe's own overrides, then the CPU overlay on top.
+"""The Hydra overrides verl's trainer runs with: a GPU recipe's own overrides, the CPU overlay, the user's last.
 
-One recipe, not two that drift: the recipe in ``recipes/`` prints its overrides, the CPU overlay replaces what a CPU
-machine cannot serve, the user's overrides come last; ``compose_trainer_config`` composes them strictly."""
+One recipe, not two that drift: the recipe in ``recipes/`` prints its overrides."""
 
 from __future__ import annotations
 
@@ -71,8 +70,7 @@ def check_batch_sizes(run: CpuRun) -> None:
 
 
 def megatron_overlay(prefix: str, run: CpuRun) -> list[str]:
-    """A Megatron engine config (``prefix`` = e.g. ``actor_rollout_ref.actor.megatron``) on the host at
-    ``run.shape``'s TP and CP (DP is what the world size leaves)."""
+    """A Megatron engine config at ``prefix`` (``actor_rollout_ref.actor.megatron``, ...) on the host at TP x CP."""
     return [
         f"{prefix}.tensor_model_parallel_size={run.shape.tp}",
         f"{prefix}.pipeline_model_parallel_size=1",
@@ -87,13 +85,8 @@ def megatron_overlay(prefix: str, run: CpuRun) -> list[str]:
 
 
 def cpu_overlay(run: CpuRun) -> list[str]:
-    """The overrides that make the GPU recipe a CPU run of the counting task at ``run.shape`` (the task's files
-    named relative to its directory, every worker's working directory)."""
+    """The overrides that make the GPU recipe a CPU run of the counting task (files relative to the task dir)."""
     check_batch_sizes(run)
-    megatron = [
-        *megatron_overlay("actor_rollout_ref.actor.megatron", run),
-        *megatron_overlay("actor_rollout_ref.ref.megatron", run),
-    ]
     batch, dp, task = run.prompts_per_step, run.shape.dp, run.assets
     return [
         f"data.train_files={task.relative(task.train)}",
@@ -110,7 +103,8 @@ def cpu_overlay(run: CpuRun) -> list[str]:
         f"actor_rollout_ref.actor.ppo_mini_batch_size={batch // run.mini_batches}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={run.responses_per_mini_batch // dp}",
         "actor_rollout_ref.actor.kl_loss_coef=0.001",
-        *megatron,
+        *megatron_overlay("actor_rollout_ref.actor.megatron", run),
+        *megatron_overlay("actor_rollout_ref.ref.megatron", run),
         *rollout_overlay(run.rollout),
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # one replica per worker slot
         f"actor_rollout_ref.rollout.n={run.group_size}",

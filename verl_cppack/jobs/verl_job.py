@@ -1,8 +1,6 @@
 """A job that runs verl's own trainer (``verl.trainer.main_ppo``) on the counting task, on this machine's CPU.
 
-A ``JobKind`` (``grpo.py``, ``ppo.py``) names a GPU recipe and what its CPU run adds. ``prepare_job`` checks every
-input and composes the trainer configuration before anything starts (``ValueError``); ``run_job`` runs the trainer
-and writes ``metrics.jsonl``, ``summary.json``, ``config.json`` and the curves into a fresh output directory."""
+A ``JobKind`` (``grpo.py``, ``ppo.py``) names a GPU recipe and what its CPU run adds."""
 
 from __future__ import annotations
 
@@ -131,8 +129,8 @@ def _from_settings(target: type, settings: JobSettings, **values: Any) -> Any:
 
 
 def check_composed(config: Any, task_dir: Path) -> None:
-    """What verl would only find out inside Ray: a model directory that is not there (relative paths name files
-    of ``task_dir``, every worker's working directory), a model TP cannot split, an inconsistent config."""
+    """What verl would only find out inside Ray: a missing model directory (relative to ``task_dir``), a model TP
+    cannot split, an inconsistent config."""
     from hydra.errors import InstantiationException
 
     from verl_cppack import runtime
@@ -152,9 +150,8 @@ def check_composed(config: Any, task_dir: Path) -> None:
                 "downloaded on this machine, so pass a local directory"
             )
         check_tensor_parallel_split(key, json.loads((path / "config.json").read_text()), config)
-    if str(config.actor_rollout_ref.rollout.name) == "vllm" and bool(
-        config.actor_rollout_ref.rollout.enable_sleep_mode
-    ):
+    rollout = config.actor_rollout_ref.rollout
+    if str(rollout.name) == "vllm" and bool(rollout.enable_sleep_mode):
         raise ValueError(
             "actor_rollout_ref.rollout.enable_sleep_mode=True: vLLM's CPU platform has no sleep mode; leave it False"
         )

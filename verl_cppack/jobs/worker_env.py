@@ -1,8 +1,6 @@
 """What a job hands verl's trainer and every Ray worker it starts: environment variables, code and files.
 
-The plugin and the platform, verl's ``file`` logger path, where the call records go, gloo's interface (loopback on
-one node, the Ray node's across nodes, a user's ``GLOO_SOCKET_IFNAME`` kept), vLLM's CPU settings, and Ray's runtime
-environment (the task directory, ``verl_cppack`` as a ``py_module``: no node needs the driver's file system)."""
+``verl_cppack`` travels as a Ray ``py_module``, so no node needs the driver's file system."""
 
 from __future__ import annotations
 

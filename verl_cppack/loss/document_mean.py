@@ -1,7 +1,5 @@
-"""Document-level loss: mean over each document's loss tokens, then mean over documents (CP-correct).
-
-Per-document sums and counts come from one ``scatter_add`` each (no one-hot, no loop), counts summed over the CP
-group; a document with no loss token (a single-token one) is left out of the mean rather than counted as zero."""
+"""Document-level loss: mean over each document's loss tokens, then mean over documents (CP-correct); a document
+with no loss token (a single-token one) is left out of the mean rather than counted as zero."""
 
 from __future__ import annotations
 

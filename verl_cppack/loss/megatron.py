@@ -1,11 +1,9 @@
 """Loss-function outputs in the form Megatron-core's schedules expect (checked against megatron-core 0.16.1).
 
-- ``(loss, num_tokens, report)`` with ``config.calculate_per_token_loss=True``: Megatron accumulates and all-reduces
-  ``num_tokens`` over DP x CP itself, so the pair must be *local* (reducing the count over CP first would count every
-  token ``cp_size`` times; without ``calculate_per_token_loss`` it is a per-rank mean, wrong under CP);
+- ``(loss, num_tokens, report)`` with ``config.calculate_per_token_loss=True``: Megatron all-reduces ``num_tokens``
+  over DP x CP itself, so the pair must be *local* (a CP-reduced count counts every token ``cp_size`` times);
 - ``(loss, report)``: Megatron multiplies the loss by ``cp_size`` and DDP averages over DP x CP, so the loss must be
-  this rank's share of the CP-group token mean (``token_mean_loss(...).loss``).
-"""
+  this rank's share of the CP-group token mean (``token_mean_loss(...).loss``)."""
 
 from __future__ import annotations
 
@@ -37,7 +35,6 @@ def megatron_mean_loss_outputs(
     name: str = "lm loss",
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """``(share, {name: global token mean})`` for Megatron's 2-tuple path (``calculate_per_token_loss=False``):
-    ``share`` is this rank's share of the CP-group token mean, which Megatron's ``* cp_size`` and DDP's average turn into
-    the micro-batch's token mean."""
+    ``share`` is this rank's share of the CP-group token mean (see the module docstring)."""
     reduced = token_mean_loss(per_token_loss, loss_mask, ctx, on_empty=on_empty)
     return reduced.loss, {name: reduced.value}

@@ -20,10 +20,8 @@ class EmptyBatchError(ValueError):
 
 @dataclass(frozen=True)
 class ReducedLoss:
-    """A loss averaged over the whole reduction group, seen from one rank.
-
-    ``loss`` is this rank's differentiable share (local numerator over the global denominator): back-propagate it as is
-    when gradients are *summed* over the group, times the group size when they are *averaged*."""
+    """A loss averaged over the whole reduction group, seen from one rank; back-propagate ``loss`` as is when gradients
+    are *summed* over the group, times the group size when they are *averaged*."""
 
     loss: torch.Tensor  # [] differentiable share; 0 when empty
     value: torch.Tensor  # [] detached global loss, the same on every rank of the group; 0 when empty
@@ -105,9 +103,8 @@ def token_mean_loss(
 ) -> ReducedLoss:
     """Mean of ``per_token_loss`` over every loss token of the CP group (and of ``dp_group`` when given).
 
-    ``per_token_loss`` / ``loss_mask``: this rank's ``[1, T_local]`` (or ``[T_local]``) losses and bool mask. One
-    all-reduce of ``[sum, count]`` per group. No loss token in the group: ``on_empty="raise"`` raises
-    ``EmptyBatchError`` (one host read), ``"skip"`` returns zeros with ``empty=True``. Never NaN."""
+    ``per_token_loss`` / ``loss_mask``: this rank's ``[1, T_local]`` (or ``[T_local]``) losses and bool mask. No loss
+    token: ``on_empty="raise"`` raises ``EmptyBatchError`` (one host read), ``"skip"`` gives zeros, ``empty=True``."""
     check_on_empty(on_empty)
     ctx = ParallelContext() if ctx is None else ctx
     local_sum, local_count = masked_sum_and_count(per_token_loss, loss_mask)

@@ -186,27 +186,18 @@ class PackPlan:
     @cached_property
     def _stream_read(self) -> tuple[np.ndarray, np.ndarray]:
         """``_read_index`` of the rank-major stream: every rank's ``pack`` at shift 0, which the copy back writes
-        back (made once, at the first of the two)."""
+        back (made once)."""
         return self._read_index(self._stream_runs)
 
     def _pack_index(self, shift: int, wrap: bool) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's ``(index, zero_positions)`` for ``pack(x, shift, wrap)`` (host tables), made once per key:
-        unshifted, this rank's part of ``_stream_read`` (all of it at CP=1; at CP > 1 a jagged source reads its own
-        rank's runs instead)."""
+        """This rank's ``(index, zero_positions)`` for ``pack(x, shift, wrap)`` (host tables), made once per key from
+        this rank's runs alone (at CP=1, unshifted, it is ``_stream_read``, which the copy back writes back)."""
         key = ("index", shift, wrap and shift > 0)
         if key not in self._copies:
-            if shift:
-                read = self._read_index(self.local_runs, shift, key[2])
-            elif self.ctx.cp_size == 1:  # this rank's stream is the stream
-                read = self._stream_read
-            elif self.source_shape is None:  # a jagged source's copy back reads its tokens (token_index), not this
-                read = self._read_index(self.local_runs)
+            if self.ctx.cp_size == 1 and not shift:  # this rank's stream is the stream
+                self._copies[key] = self._stream_read
             else:
-                index, padding = self._stream_read
-                start = self.ctx.cp_rank * self.local_length
-                first, end = padding.searchsorted((start, start + self.local_length))  # padding is ascending
-                read = (index[start : start + self.local_length], padding[first:end] - start)
-            self._copies[key] = read
+                self._copies[key] = self._read_index(self.local_runs, shift, key[2])
         return self._copies[key]
 
     def _pack_copy(self, shift: int, wrap: bool) -> RowCopy:

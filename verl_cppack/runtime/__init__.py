@@ -1,6 +1,5 @@
-"""verl's own trainer on the host: a 'cpu' platform, a Hugging Face rollout and named, version-checked fixes to
-verl, Megatron-core, mbridge and vLLM internals (``cpu_fixes.FIXES``), armed only with ``VERL_PLATFORM=cpu`` in a
-process that imports ``verl_cppack.verl_plugin``; ``report()`` says, per fix, whether it was applied here."""
+"""verl's own trainer on the host: a 'cpu' platform, a Hugging Face rollout and version-checked fixes to verl,
+Megatron-core, mbridge and vLLM internals (``cpu_fixes.FIXES``), armed only with ``VERL_PLATFORM=cpu``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""A named, version-checked fix to a verl / Megatron-core / mbridge internal, applied when its module loads.
-
-Before changing anything a fix checks the installed version against its range and the target against what it
-expects (parameters, a line of source); if either differs it raises ``FixTargetChanged``: it never patches blindly."""
+"""A named, version-checked fix to a verl / Megatron-core / mbridge internal, applied when its module loads; it checks
+version and target (parameters, source) first and raises ``FixTargetChanged`` on any difference: never blindly."""
 
 from __future__ import annotations
 
@@ -31,8 +29,7 @@ class Fix:
     versions: str  # PEP 440 specifier the fix was written and tested for
     module: str  # the module it changes, patched when that module finishes loading
     apply: Callable[[ModuleType], None]  # checks the target (raises FixTargetChanged), then changes it
-    # a distribution without which the fix has nothing to do (vLLM's CPU build for the vLLM rollout's fixes): where
-    # it is not installed the fix is skipped ('not needed'), not refused
+    # a distribution without which the fix has nothing to do: where it is absent the fix is 'not needed', not refused
     needs: str | None = None
 
 
@@ -54,6 +51,29 @@ def marked(function: Any) -> bool:
 def mark(function: Any) -> Any:
     function.__verl_cppack_fix__ = True
     return function
+
+
+def checked(owner: Any, name: str, parameters: tuple[str, ...] | None = None, *snippets: str) -> Any:
+    """``owner.name`` once its parameters are ``parameters`` (when given) and its source holds every snippet, else
+    ``FixTargetChanged``; ``None`` when a fix already replaced it (nothing left to do)."""
+    original = expect_attribute(owner, name)
+    if marked(original):
+        return None
+    if parameters is not None:
+        expect_parameters(original, parameters)
+    for snippet in snippets:
+        expect_source(original, snippet)
+    return original
+
+
+def replaces(owner: Any, name: str, original: Callable[..., Any]) -> Callable[[Any], Any]:
+    """Decorator: the function, wrapped as ``original`` and marked, becomes ``owner.name``."""
+
+    def install(function: Any) -> Any:
+        setattr(owner, name, mark(functools.wraps(original)(function)))
+        return function
+
+    return install
 
 
 @dataclass
@@ -80,12 +100,12 @@ class FixSet:
 
 def _apply(status: FixStatus, module: ModuleType) -> None:
     fix = status.fix
-    if fix.needs is not None and installed_version(fix.needs) is None:
-        status.state, status.detail = "not needed", f"{fix.needs} is not installed"
-        return
     try:
         require_version(fix.distribution, fix.versions, fix.name)
-        fix.apply(module)
+        try:
+            fix.apply(module)
+        except FixTargetChanged as error:  # the checks say what changed; the refusal names the fix too
+            raise FixTargetChanged(f"CPU fix {fix.name!r}: {error}") from error
     except FixTargetChanged as error:
         status.state, status.detail = "refused", str(error)
         raise
@@ -108,37 +128,29 @@ def require_version(distribution: str, versions: str, fix_name: str) -> None:
         )
 
 
-def expect_attribute(owner: Any, name: str, fix_name: str) -> Any:
+def expect_attribute(owner: Any, name: str) -> Any:
     """``owner.name``, or ``FixTargetChanged`` if it is missing."""
     value = getattr(owner, name, None)
     if value is None:
-        raise FixTargetChanged(
-            f"CPU fix {fix_name!r}: {_label(owner)} has no {name!r} any more; the fix needs updating"
-        )
+        raise FixTargetChanged(f"{_label(owner)} has no {name!r} any more; the fix needs updating")
     return value
 
 
-def expect_parameters(function: Callable[..., Any], parameters: tuple[str, ...], fix_name: str) -> None:
+def expect_parameters(function: Callable[..., Any], parameters: tuple[str, ...]) -> None:
     """The function's parameter names are exactly ``parameters`` (``self`` included for methods)."""
     found = tuple(inspect.signature(function).parameters)
     if found != parameters:
-        raise FixTargetChanged(
-            f"CPU fix {fix_name!r}: {_label(function)} takes {found}, the fix was written for {parameters}"
-        )
+        raise FixTargetChanged(f"{_label(function)} takes {found}, the fix was written for {parameters}")
 
 
-def expect_source(function: Callable[..., Any], snippet: str, fix_name: str) -> None:
+def expect_source(function: Callable[..., Any], snippet: str) -> None:
     """The function's source still contains ``snippet`` (the line the fix works around)."""
     try:
         source = inspect.getsource(inspect.unwrap(function))
     except (OSError, TypeError) as error:
-        raise FixTargetChanged(
-            f"CPU fix {fix_name!r}: cannot read the source of {_label(function)}: {error}"
-        ) from error
+        raise FixTargetChanged(f"cannot read the source of {_label(function)}: {error}") from error
     if snippet not in source:
-        raise FixTargetChanged(
-            f"CPU fix {fix_name!r}: {_label(function)} no longer contains {snippet!r}; the fix needs updating"
-        )
+        raise FixTargetChanged(f"{_label(function)} no longer contains {snippet!r}; the fix needs updating")
 
 
 def _label(value: Any) -> str:

@@ -4,6 +4,7 @@ registered (``@fix``) for the versions it was written for; each docstring names 
 from __future__ import annotations
 
 import functools
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -12,12 +13,12 @@ import torch
 from verl_cppack.runtime.checked_fix import (
     Fix,
     FixTargetChanged,
+    checked,
     expect_attribute,
     expect_parameters,
     expect_source,
     fix,
-    mark,
-    marked,
+    replaces,
 )
 from verl_cppack.runtime.host_device import in_host_device_scope
 from verl_cppack.runtime.vllm_fixes import VERL, VLLM_FIXES
@@ -35,8 +36,8 @@ def register_cpu_platform(module: ModuleType) -> None:
     """Row 1: verl ships no 'cpu' platform; register ours so that ``VERL_PLATFORM=cpu`` resolves to the host."""
     from verl_cppack.runtime.platform import PLATFORM_NAME, cpu_platform_class
 
-    registry = expect_attribute(module, "PlatformRegistry", "cpu-platform")
-    expect_parameters(registry.register, ("platform",), "cpu-platform")
+    registry = expect_attribute(module, "PlatformRegistry")
+    expect_parameters(registry.register, ("platform",))
     if registry.get(PLATFORM_NAME) is None:
         registry.register(platform=PLATFORM_NAME)(cpu_platform_class())
 
@@ -45,31 +46,25 @@ def register_cpu_platform(module: ModuleType) -> None:
 @_fix("gloo-process-group-workers", "the same, where the training worker bound it", VERL, "verl.workers.engine_workers")
 def gloo_process_group(module: ModuleType) -> None:
     """Row 2: the training worker asks for backend "cpu:gloo,cpu:gloo" (gloo twice); on the host use "gloo"."""
-    original = expect_attribute(module, "initialize_global_process_group_ray", "gloo-process-group")
-    if marked(original):
+    line = 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"'
+    original = checked(module, "initialize_global_process_group_ray", ("timeout_second", "backend"), line)
+    if original is None:
         return
-    expect_parameters(original, ("timeout_second", "backend"), "gloo-process-group")
-    expect_source(
-        original, 'backend = backend or f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"', "gloo-process-group"
-    )
 
-    @functools.wraps(original)
+    @replaces(module, "initialize_global_process_group_ray", original)
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
         return original(timeout_second=timeout_second, backend=backend or "gloo")
-
-    module.initialize_global_process_group_ray = mark(initialize_global_process_group_ray)
 
 
 @_fix("float32-engine-config", "McoreEngineConfig refuses float32", VERL, "verl.workers.config.engine")
 def float32_engine_config(module: ModuleType) -> None:
     """Row 3: ``McoreEngineConfig`` admits bfloat16/float16 only; admit float32 (the optimizer then keeps fp32)."""
-    config_class = expect_attribute(module, "McoreEngineConfig", "float32-engine-config")
-    original = config_class.__post_init__
-    if marked(original):
+    config_class = expect_attribute(module, "McoreEngineConfig")
+    original = checked(config_class, "__post_init__", None, 'assert self.dtype in ["bfloat16", "float16"]')
+    if original is None:
         return
-    expect_source(original, 'assert self.dtype in ["bfloat16", "float16"]', "float32-engine-config")
 
-    @functools.wraps(original)
+    @replaces(config_class, "__post_init__", original)
     def __post_init__(self) -> None:  # noqa: N807 - replaces the dataclass's own
         asked = self.dtype
         if asked not in ("float32", "fp32"):
@@ -79,8 +74,6 @@ def float32_engine_config(module: ModuleType) -> None:
             original(self)
         finally:
             object.__setattr__(self, "dtype", asked)
-
-    config_class.__post_init__ = mark(__post_init__)
 
 
 @_fix(
@@ -92,45 +85,33 @@ def float32_engine_config(module: ModuleType) -> None:
 def megatron_engine_on_cpu(module: ModuleType) -> None:
     """Rows 8-10 and 12: the engines registered for 'cpu' too (10), a CPU RNG tracker (9), no-op (off)load helpers
     (8), and the engine methods that reach Megatron's ``device='cuda'`` literals in ``host_device_scope`` (12)."""
-    name = "megatron-engine-on-cpu"
     # Every target is checked before anything changes, so a refusal leaves the module as it was.
-    engine_class = expect_attribute(module, "MegatronEngine", name)
-    engines = expect_attribute(expect_attribute(module, "EngineRegistry", name), "_engines", name)
+    engine_class = expect_attribute(module, "MegatronEngine")
+    engines = expect_attribute(expect_attribute(module, "EngineRegistry"), "_engines")
     by_model_type = []
     for model_type in ("language_model", "value_model"):
         by_device = engines.get(model_type, {}).get("megatron")
         if not by_device or "cuda" not in by_device:
-            raise FixTargetChanged(f"CPU fix {name!r}: no Megatron {model_type} engine registered for cuda")
+            raise FixTargetChanged(f"no Megatron {model_type} engine registered for cuda")
         by_model_type.append(by_device)
-    original_seed = expect_attribute(module, "set_random_seed", name)
-    if not marked(original_seed):
-        expect_parameters(original_seed, ("seed",), name)
-        expect_source(original_seed, "model_parallel_cuda_manual_seed", name)
-    offload_helpers = {}
-    for helper, parameters in (
-        ("load_megatron_model_to_gpu", ("models", "load_grad", "load_frozen_params")),
-        ("offload_megatron_model_to_cpu", ("models",)),
-        ("load_megatron_optimizer", ("optimizers",)),
-        ("offload_megatron_optimizer", ("optimizers",)),
-    ):
-        original = expect_attribute(module, helper, name)
-        if not marked(original):
-            expect_parameters(original, parameters, name)
-            offload_helpers[helper] = original
-    scoped = (
-        "_build_megatron_module",
-        "_build_optimizer",
-        "optimizer_zero_grad",
-        "optimizer_step",
-        "forward_backward_batch",
-    )
-    methods = {method: expect_attribute(engine_class, method, name) for method in scoped}
+    original_seed = checked(module, "set_random_seed", ("seed",), "model_parallel_cuda_manual_seed")
+    offload_helpers = {
+        helper: checked(module, helper, parameters)
+        for helper, parameters in (
+            ("load_megatron_model_to_gpu", ("models", "load_grad", "load_frozen_params")),
+            ("offload_megatron_model_to_cpu", ("models",)),
+            ("load_megatron_optimizer", ("optimizers",)),
+            ("offload_megatron_optimizer", ("optimizers",)),
+        )
+    }
+    scoped = ("_build_megatron_module", "_build_optimizer", "optimizer_zero_grad", "optimizer_step")
+    methods = {method: expect_attribute(engine_class, method) for method in (*scoped, "forward_backward_batch")}
 
     for by_device in by_model_type:
         by_device.setdefault("cpu", by_device["cuda"])
-    if not marked(original_seed):
+    if original_seed is not None:
 
-        @functools.wraps(original_seed)
+        @replaces(module, "set_random_seed", original_seed)
         def set_random_seed(seed):
             import random
 
@@ -143,9 +124,9 @@ def megatron_engine_on_cpu(module: ModuleType) -> None:
             random.seed(seed)
             install_cpu_rng_tracker(seed)
 
-        module.set_random_seed = mark(set_random_seed)
     for helper, original in offload_helpers.items():
-        setattr(module, helper, mark(functools.wraps(original)(lambda *args, **kwargs: None)))
+        if original is not None:
+            replaces(module, helper, original)(lambda *args, **kwargs: None)
     for method_name, method in methods.items():
         if not getattr(method, "__verl_cppack_host_scope__", False):
             setattr(engine_class, method_name, in_host_device_scope(method))
@@ -156,13 +137,13 @@ def megatron_engine_on_cpu(module: ModuleType) -> None:
 def clip_grads_on_host(module: ModuleType) -> None:
     """Row 11: ``clip_grad_by_total_norm_fp32`` asserts CUDA gradients; on the host the same scaling is one
     ``torch._foreach_mul_`` (a tensor ``total_norm``, megatron-core 0.17+: clamped to 1 and always applied, as there)."""
-    original = expect_attribute(module, "clip_grad_by_total_norm_fp32", "clip-grads-on-host")
-    if marked(original):
+    parameters = ("parameters", "max_norm", "total_norm", "use_decoupled_grad")
+    line = "assert param.grad.type() == 'torch.cuda.FloatTensor'"
+    original = checked(module, "clip_grad_by_total_norm_fp32", parameters, line)
+    if original is None:
         return
-    expect_parameters(original, ("parameters", "max_norm", "total_norm", "use_decoupled_grad"), "clip-grads-on-host")
-    expect_source(original, "assert param.grad.type() == 'torch.cuda.FloatTensor'", "clip-grads-on-host")
 
-    @functools.wraps(original)
+    @replaces(module, "clip_grad_by_total_norm_fp32", original)
     def clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decoupled_grad=False):
         if isinstance(parameters, torch.Tensor):
             parameters = [parameters]
@@ -178,10 +159,6 @@ def clip_grads_on_host(module: ModuleType) -> None:
         elif clip_coefficient < 1.0 and grads:
             torch._foreach_mul_([g.detach() for g in grads], clip_coefficient)
 
-    mark(clip_grad_by_total_norm_fp32)
-    module.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32
-    import sys
-
     optimizer_module = sys.modules.get("megatron.core.optimizer.optimizer")
     if optimizer_module is not None and getattr(optimizer_module, "clip_grad_by_total_norm_fp32", None) is original:
         optimizer_module.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32
@@ -190,17 +167,14 @@ def clip_grads_on_host(module: ModuleType) -> None:
 # ---------------------------------------------------------------------------------------------- mbridge
 @_fix("local-layer-spec", "Transformer Engine layer spec", MBRIDGE, "mbridge.core.llm_bridge")
 def local_layer_spec(module: ModuleType) -> None:
-    """Row 5: mbridge builds Transformer Engine layers; on the host use Megatron's local spec with
-    verl_cppack's core attention (THD + context parallelism without TE)."""
-    bridge_class = expect_attribute(module, "LLMBridge", "local-layer-spec")
-    original = bridge_class._get_transformer_layer_spec
-    if marked(original):
+    """Row 5: on the host, Megatron's local layer spec with verl_cppack's core attention instead of mbridge's TE one."""
+    bridge_class = expect_attribute(module, "LLMBridge")
+    original = checked(bridge_class, "_get_transformer_layer_spec", ("self", "vp_stage"), "use_transformer_engine=True")
+    if original is None:
         return
-    expect_parameters(original, ("self", "vp_stage"), "local-layer-spec")
-    expect_source(original, "use_transformer_engine=True", "local-layer-spec")
-    decoder_block_spec = expect_attribute(module, "get_gpt_decoder_block_spec", "local-layer-spec")
+    decoder_block_spec = expect_attribute(module, "get_gpt_decoder_block_spec")
 
-    @functools.wraps(original)
+    @replaces(bridge_class, "_get_transformer_layer_spec", original)
     def _get_transformer_layer_spec(self, vp_stage=None):
         from verl_cppack.attention.core_attention import core_attention_class
 
@@ -212,8 +186,6 @@ def local_layer_spec(module: ModuleType) -> None:
             layer_spec.submodules.self_attention.submodules.core_attention = core_attention
         return block_spec
 
-    bridge_class._get_transformer_layer_spec = mark(_get_transformer_layer_spec)
-
 
 LOCAL_TO_FUSED_NAMES = {
     ".input_layernorm.weight": ".self_attention.linear_qkv.layer_norm_weight",
@@ -223,23 +195,19 @@ LOCAL_TO_FUSED_NAMES = {
 
 @_fix("local-layernorm-names", "weight names of TE's fused layernorms", MBRIDGE, "mbridge.core.bridge")
 def local_layernorm_names(module: ModuleType) -> None:
-    """Row 6: the local spec keeps the layernorms TE fuses as modules of their own: map those names to the fused
-    ones, which mbridge maps to Hugging Face's."""
-    bridge_class = expect_attribute(module, "Bridge", "local-layernorm-names")
-    original = bridge_class._weight_name_mapping_mcore_to_hf
-    if marked(original):
+    """Row 6: map the local spec's own layernorm names to the TE-fused ones, which mbridge maps to Hugging Face's."""
+    bridge_class = expect_attribute(module, "Bridge")
+    original = checked(bridge_class, "_weight_name_mapping_mcore_to_hf", ("self", "mcore_weights_name"))
+    if original is None:
         return
-    expect_parameters(original, ("self", "mcore_weights_name"), "local-layernorm-names")
 
-    @functools.wraps(original)
+    @replaces(bridge_class, "_weight_name_mapping_mcore_to_hf", original)
     def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name):
         for local, fused in LOCAL_TO_FUSED_NAMES.items():
             if mcore_weights_name.endswith(local):
                 mcore_weights_name = mcore_weights_name[: -len(local)] + fused
                 break
         return original(self, mcore_weights_name)
-
-    bridge_class._weight_name_mapping_mcore_to_hf = mark(_weight_name_mapping_mcore_to_hf)
 
 
 class _ModelTypeWithoutEncoderAndDecoder:
@@ -260,13 +228,11 @@ class _ModelTypeWithoutEncoderAndDecoder:
     "mbridge.core.util",
 )
 def model_type_without_encoder_decoder(module: ModuleType) -> None:
-    """mbridge 0.15.1's ``get_model`` compares with ``ModelType.encoder_and_decoder``, which megatron-core 0.17 dropped
-    (an AttributeError for every model): not a CUDA assumption, the one fix the old mbridge needs on the current stack."""
-    name = "mbridge-model-type"
-    model_type = expect_attribute(module, "ModelType", name)
+    """mbridge 0.15.1's ``get_model`` reads ``ModelType.encoder_and_decoder``, gone in megatron-core 0.17: add it."""
+    model_type = expect_attribute(module, "ModelType")
     if isinstance(model_type, _ModelTypeWithoutEncoderAndDecoder):
         return
-    expect_source(expect_attribute(module, "get_model", name), "model_type == ModelType.encoder_and_decoder", name)
+    expect_source(expect_attribute(module, "get_model"), "model_type == ModelType.encoder_and_decoder")
     if hasattr(model_type, "encoder_and_decoder"):
         return  # megatron-core 0.16 still has it: nothing to do
     module.ModelType = _ModelTypeWithoutEncoderAndDecoder(model_type)
@@ -281,8 +247,7 @@ def model_type_without_encoder_decoder(module: ModuleType) -> None:
     needs=MEGATRON_BRIDGE[0],
 )
 def transformer_engine_stand_in(module: ModuleType) -> None:
-    """Row 21: once megatron-core has loaded (its own guards found no TE), ``megatron.bridge``'s package body runs
-    inside ``transformer_engine_scope`` (``runtime/transformer_engine_stand_in.py``). Nothing where TE is installed."""
+    """Row 21: where TE is not installed, ``megatron.bridge``'s package body runs in ``transformer_engine_scope``."""
     import importlib.util
 
     from verl_cppack.integrations import around_import
@@ -300,26 +265,21 @@ def transformer_engine_stand_in(module: ModuleType) -> None:
     needs=MEGATRON_BRIDGE[0],
 )
 def bridge_local_layer_spec(module: ModuleType) -> None:
-    """Row 22: Megatron-Bridge's GPT providers build TE's layer spec; on the host the provider's own
-    ``local_layer_spec`` with verl_cppack's core attention, as row 5 does for mbridge."""
-    name = "bridge-local-layer-spec"
-    original = expect_attribute(module, "transformer_engine_layer_spec", name)
-    if marked(original):
+    """Row 22: Megatron-Bridge's GPT providers get their own ``local_layer_spec`` with our core attention (as row 5)."""
+    original = checked(
+        module, "transformer_engine_layer_spec", ("config",), "get_gpt_layer_with_transformer_engine_spec("
+    )
+    if original is None:
         return
-    expect_parameters(original, ("config",), name)
-    expect_source(original, "get_gpt_layer_with_transformer_engine_spec(", name)
-    local_spec = expect_attribute(module, "local_layer_spec", name)
-    expect_parameters(local_spec, ("config",), name)
+    local_spec = checked(module, "local_layer_spec", ("config",))
 
-    @functools.wraps(original)
+    @replaces(module, "transformer_engine_layer_spec", original)
     def transformer_engine_layer_spec(config):
         from verl_cppack.attention.core_attention import core_attention_class
 
         spec = local_spec(config)
         spec.submodules.self_attention.submodules.core_attention = core_attention_class("allgather", use_te=False)
         return spec
-
-    module.transformer_engine_layer_spec = mark(transformer_engine_layer_spec)
 
 
 HF_ROLLOUT_NAME = "hf"
@@ -337,23 +297,19 @@ def load_hf_replica() -> type:
 @_fix("hf-rollout-adapter", "no CPU rollout in verl's rollout registry", VERL, "verl.workers.rollout.base")
 def hf_rollout_adapter(module: ModuleType) -> None:
     """Row 13: register ('hf', 'async') -> the Hugging Face server adapter in verl's rollout registry, by name."""
-    registry = expect_attribute(module, "_ROLLOUT_REGISTRY", "hf-rollout-adapter")
+    registry = expect_attribute(module, "_ROLLOUT_REGISTRY")
     if not isinstance(registry, dict) or not all(isinstance(key, tuple) and len(key) == 2 for key in registry):
-        raise FixTargetChanged(
-            "CPU fix 'hf-rollout-adapter': _ROLLOUT_REGISTRY is no longer a dict keyed by (name, mode)"
-        )
+        raise FixTargetChanged("_ROLLOUT_REGISTRY is no longer a dict keyed by (name, mode)")
     current = registry.setdefault((HF_ROLLOUT_NAME, "async"), HF_ROLLOUT_ADAPTER)
     if current != HF_ROLLOUT_ADAPTER:
-        raise FixTargetChanged(
-            f"CPU fix 'hf-rollout-adapter': rollout ('hf', 'async') is already registered to {current}"
-        )
+        raise FixTargetChanged(f"rollout ('hf', 'async') is already registered to {current}")
 
 
 @_fix("hf-rollout-replica", "no CPU rollout replica in verl's replica registry", VERL, "verl.workers.rollout.replica")
 def hf_rollout_replica(module: ModuleType) -> None:
     """Row 14: register the 'hf' replica with verl's ``RolloutReplicaRegistry`` (its loader imports it on demand)."""
-    registry = expect_attribute(module, "RolloutReplicaRegistry", "hf-rollout-replica")
-    expect_parameters(registry.register, ("name", "loader"), "hf-rollout-replica")
+    registry = expect_attribute(module, "RolloutReplicaRegistry")
+    expect_parameters(registry.register, ("name", "loader"))
     registry.register(HF_ROLLOUT_NAME, load_hf_replica)
 
 

@@ -1,6 +1,5 @@
-"""The network interface gloo binds to in a Ray worker of a job whose workers span nodes (unset, gloo binds to
-what the host name resolves to, often loopback): with ``VERL_CPPACK_GLOO_INTERFACE=ray-node`` the interface holding
-the node's Ray address; a ``GLOO_SOCKET_IFNAME`` already set is kept."""
+"""The network interface gloo binds to in a Ray worker of a multi-node job (unset, often loopback): with
+``VERL_CPPACK_GLOO_INTERFACE=ray-node`` the one holding the node's Ray address."""
 
 from __future__ import annotations
 

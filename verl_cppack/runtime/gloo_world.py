@@ -1,8 +1,5 @@
-"""Run a function in N processes of one ``torch.distributed`` group on this host: the project's one harness.
-
-``run_world(fn, world_size, *args)`` spawns the ranks (file rendezvous), runs ``fn(rank, world_size, *args)`` in
-each and returns their values in rank order. A rank that fails or exits without reporting, or Ctrl-C in the parent,
-stops every rank and raises ``RankFailed`` naming it."""
+"""Run a function in N processes of one ``torch.distributed`` group on this host: the project's one harness; a rank
+that fails or exits without reporting, or Ctrl-C in the parent, stops every rank and raises ``RankFailed``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``host_device_scope()``: inside it, tensors that Megatron code asks to create on 'cuda' are created on the host.
-
-Megatron-core writes ``device='cuda'`` and ``torch.cuda.current_device()`` as literals; the fixes wrap exactly the
-entry points that reach them in this scope (rows 4, 7 and 12 of docs/design.md's table of CPU fixes)."""
+"""``host_device_scope()``: inside it, tensors that Megatron code asks to create on 'cuda' are created on the host;
+the fixes wrap the entry points reaching Megatron's CUDA literals in it (rows 4, 7 and 12 of docs/design.md's table)."""
 
 from __future__ import annotations
 
@@ -62,9 +60,8 @@ def host_device_scope() -> Iterator[None]:
 
 
 _ORIGINAL: dict[str, Any] = {}
-# torch.cuda functions answered by the host inside the scope (they raise without a CUDA device): the current device,
-# and streams: megatron-core 0.17+'s DDP grad sync waits on the current stream, Megatron-Bridge's DDP wrapping makes a
-# stream of its own and runs under it (``wait_event`` / ``wait_stream``: no-ops on the host's streams)
+# torch.cuda calls the host answers in the scope (they raise without CUDA): streams for megatron-core 0.17+'s DDP grad
+# sync (current stream) and Megatron-Bridge's DDP wrapping (a stream of its own; waits are no-ops on the host's)
 _HOST_STAND_INS: dict[str, Callable[..., Any]] = {
     "current_device": lambda: "cpu",
     "current_stream": torch.cpu.current_stream,

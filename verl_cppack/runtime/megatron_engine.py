@@ -1,10 +1,7 @@
 """verl's Megatron engine on the host, without Ray, and the batches verl's trainer sends it.
 
-Built as verl's ``TrainingWorker`` builds it, with ``HOST_TRANSFORMER_CONFIG``, in a process that has set
-``VERL_PLATFORM=cpu``, imported ``verl_cppack.verl_plugin`` and initialised a process group (importing this module
-imports nothing of verl). Batches (:func:`rollout_tensors`) go through verl's ``left_right_2_no_padding`` ->
-``infer_batch`` -> ``no_padding_2_padding``: the reference worker's path and the critic's ``_compute_values``.
-"""
+Needs ``VERL_PLATFORM=cpu``, ``verl_cppack.verl_plugin`` imported and a process group (importing this module imports
+nothing of verl); batches take the reference worker's path, ``left_right_2_no_padding`` -> ``infer_batch``."""
 
 from __future__ import annotations
 
@@ -32,8 +29,7 @@ HOST_TRANSFORMER_CONFIG = {
 
 
 def uses_megatron_bridge() -> bool:
-    """Whether verl builds the models with Megatron-Bridge (its default, ``vanilla_mbridge=False``: where it is
-    installed, the current stack) or with the original mbridge (``vanilla_mbridge=True``: the pinned stack)."""
+    """Whether verl builds models with Megatron-Bridge (if installed: ``vanilla_mbridge=False``) or with mbridge."""
     from verl_cppack.runtime.checked_fix import installed_version
 
     return installed_version("megatron-bridge") is not None
@@ -88,8 +84,7 @@ class BuiltEngine:
 
 
 def build_megatron_engine(settings: EngineSettings) -> BuiltEngine:
-    """verl's Megatron engine for ``settings.model_path`` (an HF checkpoint), float32, initialised as
-    ``TrainingWorker.__init__`` / ``reset()`` does."""
+    """verl's float32 Megatron engine for the HF checkpoint ``settings.model_path``, built as ``TrainingWorker``."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import HFModelConfig, McoreEngineConfig, McoreOptimizerConfig
     from verl.workers.engine import EngineRegistry
@@ -129,8 +124,7 @@ def build_megatron_engine(settings: EngineSettings) -> BuiltEngine:
 
 
 def check_pairs(pairs: Sequence[Pair], vocab_size: int | None = None) -> None:
-    """Raise ``ValueError`` / ``TypeError`` unless every pair has a non-empty prompt and response of int ids
-    (``bool`` is not an id) in ``[0, vocab_size)`` (when given)."""
+    """Raise unless each pair is a non-empty prompt and response of int ids in ``[0, vocab_size)`` (when given)."""
     if not pairs:
         raise ValueError("no prompt/response pairs to score")
     for index, pair in enumerate(pairs):
@@ -181,9 +175,8 @@ def rollout_tensors(pairs: Sequence[Pair], pad_id: int = 0) -> dict[str, torch.T
 
 
 def engine_batch(tensors: dict[str, torch.Tensor], micro_batch_size: int, **meta: Any) -> TensorDict:
-    """``DataProto.to_tensordict()`` of ``tensors`` (:func:`rollout_tensors` plus any per-token extras), then
-    verl's ``left_right_2_no_padding``, plus the meta the trainer and ``TrainingWorker`` attach (rollout
-    temperature 1, the engine's batching settings) and ``meta`` (e.g. ``compute_loss``)."""
+    """``tensors`` (:func:`rollout_tensors` plus per-token extras) through verl's ``left_right_2_no_padding``, with the
+    meta the trainer and ``TrainingWorker`` attach (temperature 1, batching settings) and ``meta``."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
 
@@ -203,9 +196,8 @@ def engine_batch(tensors: dict[str, torch.Tensor], micro_batch_size: int, **meta
 def _infer_response_output(
     built: BuiltEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int, name: str, **meta: Any
 ) -> torch.Tensor | None:
-    """The engine's per-token output ``name`` at the response tokens, ``[B, R]`` float32, zero at response
-    padding, on the rank with outputs (``None`` elsewhere); one ``infer_batch`` per micro-batch; every rank calls
-    it with the same ``tensors``. ``meta``: what the trainer attaches besides ``compute_loss=False``."""
+    """The engine's per-token output ``name`` at the response tokens, ``[B, R]`` float32, zero at response padding,
+    on the rank with outputs (``None`` elsewhere); every rank calls it with the same ``tensors``."""
     from verl.workers.utils.padding import no_padding_2_padding
 
     _require_positive("micro_batch_size", micro_batch_size)
@@ -230,8 +222,7 @@ def response_log_probs(
 
 
 def response_values(built: BuiltEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int) -> torch.Tensor | None:
-    """The critic's values at the response tokens, as the trainer's ``_compute_values`` (a ``value_model`` engine;
-    ``no_padding_2_padding`` shifts them like log-probs)."""
+    """The critic's values at the response tokens, as the trainer's ``_compute_values`` (a ``value_model`` engine)."""
     if built.model_config.model_type != "value_model":
         raise ValueError(f"response_values needs a value_model engine, got {built.model_config.model_type!r}")
     return _infer_response_output(built, tensors, micro_batch_size, "values")

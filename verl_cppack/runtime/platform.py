@@ -67,10 +67,6 @@ def cpu_platform_class() -> type:
         is_ipc_supported = lambda self: False
         cudart = lambda self: None
         nvtx_range = contextlib.contextmanager(lambda self, msg: iter([None]))
-
-        def manual_seed(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        manual_seed_all = manual_seed
+        manual_seed = manual_seed_all = lambda self, seed: torch.manual_seed(seed)
 
     return PlatformCPU

@@ -1,6 +1,4 @@
-"""A tiny Megatron-core ``GPTModel`` that runs forward and backward on CPU (gloo), with CP attention.
-
-On CPU: weights from the default generator (the same ``seed`` gives the same weights at every CP size), a CPU RNG
+"""A tiny Megatron-core ``GPTModel`` that runs forward and backward on CPU (gloo), with CP attention: a CPU RNG
 tracker, the rotary embedding in ``host_device_scope`` and ``verl_cppack``'s core attention."""
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ _TRACKER_NAME = "model-parallel-rng"
 def init_megatron_parallel(
     tp_size: int = 1, cp_size: int = 1, backend: Backend = "gloo", *, seed: int = 0
 ) -> ParallelContext:
-    """Initialise ``megatron.core.parallel_state`` for TP x CP (DP = the rest) on the current process group and
-    return the CP context; the same sizes again are a no-op, others rebuild the groups. ``gloo`` installs the CPU RNG
-    tracker, ``nccl`` Megatron's CUDA one."""
+    """Initialise ``megatron.core.parallel_state`` for TP x CP (DP = the rest) on the current process group -> the CP
+    context (same sizes again: a no-op). ``gloo`` installs the CPU RNG tracker, ``nccl`` Megatron's CUDA one."""
     from megatron.core import parallel_state as mpu
 
     if backend not in ("gloo", "nccl"):
@@ -113,10 +110,8 @@ def build_tiny_gpt(
     seed: int = 0,
     use_te: bool = True,
 ) -> Any:
-    """A small fp32 Megatron ``GPTModel`` (RoPE, optional GQA, no dropout) on the current parallel state.
-
-    Weights depend only on ``seed`` and the shapes. Under gloo (or without CUDA) it lives on the CPU; under nccl it is
-    built on the GPU with TE attention when TE is installed (``use_te=False`` keeps the reference attention)."""
+    """A small fp32 Megatron ``GPTModel`` (RoPE, optional GQA, no dropout) on the current parallel state; weights
+    depend only on ``seed`` and the shapes (any CP size). CPU under gloo; under nccl GPU, TE unless ``use_te=False``."""
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -161,14 +156,7 @@ def build_tiny_gpt(
         max_sequence_length=max_sequence_length,
         position_embedding_type="rope",
     )
-    if on_cpu:
-        _keep_rope_on_cpu(model)
-    return model
-
-
-def _keep_rope_on_cpu(model: torch.nn.Module) -> None:
-    """Workaround 3: the rotary embedding runs in ``host_device_scope`` (its move of ``inv_freq`` to
-    ``torch.cuda.current_device()`` then means the host), the one way the CPU runtime removes that assumption."""
     rotary = getattr(model, "rotary_pos_emb", None)
-    if rotary is not None:
+    if on_cpu and rotary is not None:  # workaround 3: its move of inv_freq to torch.cuda.current_device() is the host's
         rotary.forward = in_host_device_scope(rotary.forward)
+    return model

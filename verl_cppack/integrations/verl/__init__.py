@@ -1,6 +1,5 @@
-"""verl integration: the drop-ins for verl's util functions (``dropins``, ``vlm_masks``), binding them into verl
-(``patching``), the plans they reuse (``plan_cache``, ``padding``), the comparison with verl's own functions
-(``comparison``) and the runtime check on untested releases (``runtime_check``)."""
+"""verl integration: drop-ins for verl's util functions (``dropins``, ``vlm_masks``), bound by ``patching``, with
+``plan_cache``, ``padding``, ``comparison`` (against verl's own) and ``runtime_check`` (untested releases)."""
 
 from verl_cppack.integrations.verl.dropins import (
     clear_plan_caches,

@@ -1,12 +1,11 @@
-"""The one comparison of a drop-in with verl's own function, and the one home of what it is held to: the tested
-releases, util's functions that pack nothing, the intended differences per release (docs/design.md's table is
-checked against ``intended_rows``). ``Comparison`` records where two results differ as ``Finding``s, keyed by
-``difference_key``; used by ``runtime_check`` (``compare_call``), the release harness of the tests, the benchmarks.
-Real, padding and last tokens are read from verl's function on marker inputs, never from ours.
-"""
+"""The comparison of a drop-in with verl's own function, and what it is held to: the tested releases, util's
+functions that pack nothing, the intended differences per release (docs/design.md's table: ``intended_rows``).
+``Comparison`` records differences as ``Finding``s keyed by ``difference_key``; real, padding and last tokens are
+read from verl's function on marker inputs, never from ours."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,12 +13,13 @@ from typing import Any
 
 import torch
 
+from verl_cppack.integrations.megatron import FallbackPackedSeqParams
+
 TESTED_RELEASES = ("0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1")  # oldest first
 # util's public functions that pack nothing (an Ascend hook that returns None): no drop-in, and no "unknown" either
 NOT_PACKING = frozenset({"preprocess_for_mindspeed"})
 
-# difference key -> the releases it is intended for ("all", versions, ranges "a–b" with an en dash), in the order of
-# docs/design.md's table ("Intended differences"), which describes each
+# difference key -> releases it is intended for ("all", versions, "a–b" ranges with an en dash), in design.md's order
 INTENDED_DIFFERENCES: dict[str, str] = {
     "roll-last-token": "0.7.0–0.9.1",
     "roll-padding": "0.7.0–0.9.1",
@@ -40,10 +40,7 @@ INTENDED_DIFFERENCES: dict[str, str] = {
     "npu": "0.8.0–0.9.1",
 }
 
-PSP_FIELDS = (  # the PackedSeqParams fields compared
-    *("qkv_format", "cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"),
-    *("max_seqlen_q", "max_seqlen_kv", "local_cp_size", "cp_group"),
-)
+PSP_FIELDS = tuple(field.name for field in dataclasses.fields(FallbackPackedSeqParams))  # megatron-core 0.16's
 NESTED_THD_PRE = {"preprocess_thd_engine", "preprocess_thd_no_padding", "preprocess_packed_seqs_no_padding"}
 NESTED_THD_POST = {"postprocess_thd_engine", "postprocess_thd_no_padding", "postprocess_packed_seqs_no_padding"}
 NESTED_BSHD_PRE = {"preprocess_bshd_engine", "preprocess_bshd_no_padding"}
@@ -115,10 +112,6 @@ def _short(x: torch.Tensor, limit: int = 8) -> str:
     return f"{flat[:limit].tolist()}{'...' if flat.numel() > limit else ''}"
 
 
-def _is_params(value: Any) -> bool:
-    return hasattr(value, "cu_seqlens_q") and hasattr(value, "qkv_format")
-
-
 class Comparison:
     """The findings of one comparison, and how many results of each function were compared."""
 
@@ -141,8 +134,7 @@ class Comparison:
         regions: Mapping[str, torch.Tensor] | None = None,
         prefix: str = "",
     ) -> None:
-        """Equal type, dtype, shape, device and values; differing values are reported per region (bool masks over
-        the leading positions, named) or as ``values``."""
+        """Type, dtype, shape, device and values compared; values per named region (bool masks) or ``values``."""
 
         def add(where: str, detail: str = "") -> None:
             self.add(function, case, where, detail)
@@ -174,7 +166,6 @@ class Comparison:
         differs = theirs.to(ours.dtype) != ours
         if not differs.any():
             return None
-        detail = f"verl {_short(theirs)}, ours {_short(ours)}"
         region_dims = next(iter(regions.values())).dim() if regions else 1
         while differs.dim() > region_dims:
             differs = differs.any(dim=-1)
@@ -185,7 +176,7 @@ class Comparison:
                 add(region)
             explained |= selected
         if (differs & ~explained).any():
-            add(f"{prefix}values", detail)
+            add(f"{prefix}values", f"verl {_short(theirs)}, ours {_short(ours)}")
         return None
 
     def params(self, function: str, case: str, theirs: Any, ours: Any) -> None:
@@ -210,7 +201,7 @@ class Comparison:
             return self.add(function, case, "arity", f"verl returns {len(theirs)} values, ours {len(ours)}")
         for index, (a, b) in enumerate(zip(theirs, ours)):
             rule = regions.get(index)
-            if _is_params(a) or _is_params(b):
+            if any(hasattr(value, "cu_seqlens_q") and hasattr(value, "qkv_format") for value in (a, b)):
                 self.params(function, case, a, b)
             elif rule == "positions-roll" and isinstance(a, torch.Tensor) and getattr(b, "shape", None) == a.shape:
                 if not torch.equal(a.to(b.dtype), b):
@@ -237,9 +228,9 @@ def last_token_marker(nested: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------ one call
 def _marker_call(verl: Callable, bound: inspect.BoundArguments, marker: torch.Tensor) -> Any:
     arguments = dict(bound.arguments, input_ids=marker)
-    for flag, value in (("need_roll", False), ("pre_process", True)):
-        if flag in arguments:
-            arguments[flag] = value
+    arguments.update(
+        {flag: value for flag, value in (("need_roll", False), ("pre_process", True)) if flag in arguments}
+    )
     return verl(**arguments)
 
 
@@ -268,8 +259,7 @@ def _regions(function: str, verl: Callable, bound: inspect.BoundArguments, their
 
 
 def compare_call(function: str, verl: Callable, bound: inspect.BoundArguments, theirs: Any, ours: Any) -> list[Finding]:
-    """Where ``ours`` differs from ``theirs`` (verl's ``verl`` on the ``bound`` arguments), intended regions named;
-    ``verl`` may be called again on marker inputs (the nested preprocess functions)."""
+    """Where ``ours`` differs from ``theirs`` (``verl`` on ``bound``), intended regions named (``verl`` on markers)."""
     c = Comparison()
     with torch.no_grad():
         regions = _regions(function, verl, bound, theirs)
@@ -278,8 +268,7 @@ def compare_call(function: str, verl: Callable, bound: inspect.BoundArguments, t
 
 
 def integer_mask(function: str, bound: inspect.BoundArguments) -> bool:
-    """Whether the call passes an integer mask to a function that indexes with it (``integer-masks``: verl then
-    indexes positions 0 and 1, nothing to verify against)."""
+    """Whether the call passes an integer mask to a function that indexes with it (``integer-masks``: no reference)."""
     return function in MASKED and any(
         isinstance(bound.arguments.get(name), torch.Tensor) and bound.arguments[name].dtype != torch.bool
         for name in ("attention_mask", "original_attention_mask")

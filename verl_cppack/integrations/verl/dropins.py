@@ -1,9 +1,7 @@
 """Drop-ins for ``verl.models.mcore.util``'s packing functions (and its names before 0.8): verl's signatures and
-return conventions, one ``PackPlan`` inside (TP/CP read from ``megatron.core.parallel_state`` as verl does; each
-gather-back one all-gather, gradient only into this rank's chunk), equal to verl's results but for
-``comparison.INTENDED_DIFFERENCES``. One device->host sync the first time a mask (or a nested
-batch's offsets) is seen, the plan then reused by every call of the micro-batch; no Python loop over sequences.
-"""
+results but for ``comparison.INTENDED_DIFFERENCES``. One ``PackPlan`` per micro-batch (TP/CP read as verl does), made
+with one device->host sync when a mask or nested offsets are first seen; each gather-back is one all-gather, gradient
+only into this rank's chunk; no Python loop over sequences."""
 
 from __future__ import annotations
 
@@ -32,12 +30,11 @@ from verl_cppack.packing.builders import plan_from_checked_mask, plan_from_lengt
 from verl_cppack.packing.plan import PackPlan
 
 _MASK_PLANS = TensorKeyedCache()  # attention mask -> plan
-_NESTED_PLANS = TensorKeyedCache()  # nested offsets -> plan / longest sequence
+_NESTED_PLANS = TensorKeyedCache()  # nested offsets -> plan
 _BSHD_MASKS = TensorKeyedCache()  # mask returned by a bshd preprocess -> how to undo it
 _VLM_MASKS = TensorKeyedCache()  # mask returned by build_vlm_attn_mask_thd -> the plan of its ids' PackedSeqParams
 
 
-# ====================================================================== helpers
 def _mask_entry(
     attention_mask: torch.Tensor, ctx: ParallelContext, alignment: Alignment, layout: str = "zigzag"
 ) -> tuple[PackPlan, SourceSnapshot]:
@@ -63,16 +60,14 @@ UNKNOWN_PARAMS = (
 
 
 def remember_vlm_mask(attention_mask: torch.Tensor, nested: torch.Tensor) -> None:
-    """Record on ``attention_mask`` (made from the jagged ``nested`` ids) the plan ``preprocess_thd_engine`` made
-    for the same ids, the one verl's ``PackedSeqParams`` describe (or that there was none)."""
+    """Record on ``attention_mask`` the plan of verl's ``PackedSeqParams`` for the ``nested`` ids (or that none is)."""
     planned = _NESTED_PLANS.find(nested.offsets(), lambda value: isinstance(value, PackPlan))
     _VLM_MASKS.store(attention_mask, "verl", UNKNOWN_PARAMS if planned is None else planned)
 
 
 def vlm_mask_plan(attention_mask: torch.Tensor, ctx: ParallelContext) -> PackPlan | None:
-    """For a mask ``remember_vlm_mask`` saw: the plan of its ``[B, S]`` rows that packs them into the stream of the
-    ``PackedSeqParams`` verl built for the same ids (their CP size, layout and padding), checked against them;
-    ``None`` for any other mask. ``ctx`` (the caller's TP/CP) must have verl's TP size."""
+    """For a mask ``remember_vlm_mask`` saw: the plan packing its ``[B, S]`` rows into the stream of verl's
+    ``PackedSeqParams`` for the same ids, checked against them; else ``None``. ``ctx`` must have verl's TP size."""
     verl_plan = _VLM_MASKS.lookup(attention_mask, "verl")
     if verl_plan is None:
         return None
@@ -104,8 +99,7 @@ def _nested_plan(nested: torch.Tensor, ctx: ParallelContext, layout: str, alignm
 
 
 def longest_sequence(nested: torch.Tensor) -> int:
-    """The longest sequence of a jagged batch: from a plan already made for its offsets (no sync), else one read of
-    the offsets (nothing cached: a new batch would pay a copy of its offsets for a value read once)."""
+    """The longest sequence of a jagged batch: a cached plan's (no sync), else one uncached read of its offsets."""
     planned = _NESTED_PLANS.find(nested.offsets(), lambda value: isinstance(value, PackPlan))
     if planned is not None:
         return planned.max_seqlen
@@ -150,8 +144,7 @@ def given_offsets(packed_seq_params: Any) -> torch.Tensor:
 
 
 def _replan(packed_seq_params: Any, alignments: list[Alignment], build) -> PackPlan:
-    """Rebuild the plan of a ``packed_seq_params`` we did not make (or for another source tensor): the first of the
-    paddings ``alignments`` whose padded offsets ``build(alignment)`` gives those it carries (one sync each)."""
+    """``build(alignment)`` for the first of ``alignments`` giving ``packed_seq_params``' offsets (a sync each)."""
     given = given_offsets(packed_seq_params)
     for alignment in alignments:
         try:
@@ -195,12 +188,12 @@ def preprocess_packed_seqs(
 
 def _plan_for_mask(packed_seq_params: Any, attention_mask: torch.Tensor) -> PackPlan:
     plan, same_source = attached_plan(packed_seq_params, attention_mask)
-    if plan is not None and same_source:
+    if same_source:
         return plan
     ctx = plan.ctx if plan is not None else megatron_context()
     base = ctx.default_slot_multiple  # the paddings preprocess_packed_seqs can have made: plain, FP8, MXFP8
     alignments = [Alignment.per_slot(base), fp8_alignment(base, None), fp8_alignment(base, "mxfp8")]
-    alignments = [plan.alignment, *alignments] if plan is not None else alignments
+    alignments = alignments if plan is None else [plan.alignment, *alignments]
     return _replan(packed_seq_params, alignments, lambda alignment: mask_plan(attention_mask, ctx, alignment))
 
 
@@ -243,34 +236,23 @@ def postprocess_packed_seqs_for_dict_output(
 
 
 # ----------------------------------------------------------------- padded BSHD
-class _Compaction:
-    """How ``preprocess_bshd`` moved the real tokens of a ``[B, S]`` mask to the left of ``[B, L]`` rows."""
+def _compaction(attention_mask: torch.Tensor, row_multiple: int) -> tuple[tuple, SourceSnapshot]:
+    """``preprocess_bshd``'s left-alignment of a mask's real tokens: (CP=1 unaligned plan, ``L``, ``[B*L]`` rows)."""
 
-    def __init__(self, plan: PackPlan, row_length: int) -> None:
-        self.plan = plan  # CP=1, unaligned: the stream is the real tokens, sequences in order
-        self.row_length = row_length  # L
-        self.compact_index = plan.local_slot * row_length + plan.local_position_ids  # [N] flat [B*L] position
-
-    def to_rows(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """``[B, S, *]`` -> ``[B, L, *]``: real tokens left-aligned, zeros after."""
-        tokens = self.plan.pack(x, name=name)[0]  # [N, *]
-        rows = tokens.new_zeros((self.plan.batch_size * self.row_length, *tokens.shape[1:]))
-        return rows.index_copy(0, self.compact_index, tokens).view(
-            self.plan.batch_size, self.row_length, *tokens.shape[1:]
-        )
-
-    def from_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """``[B, L, *]`` -> ``[B, S, *]`` (inverse of ``to_rows`` on the real tokens, zeros at padding)."""
-        flat = rows.reshape(self.plan.batch_size * self.row_length, *rows.shape[2:])
-        return self.plan.restore([flat.index_select(0, self.compact_index).unsqueeze(0)])
-
-
-def _compaction(attention_mask: torch.Tensor, row_multiple: int) -> tuple[_Compaction, SourceSnapshot]:
-    def build() -> _Compaction:
+    def build() -> tuple[PackPlan, int, torch.Tensor]:
         plan = plan_from_checked_mask(attention_mask, ParallelContext(), alignment=1)
-        return _Compaction(plan, -(-plan.max_seqlen // row_multiple) * row_multiple)
+        row_length = -(-plan.max_seqlen // row_multiple) * row_multiple
+        return plan, row_length, plan.local_slot * row_length + plan.local_position_ids  # [N]
 
     return _MASK_PLANS.entry(attention_mask, ("compaction", row_multiple), build)
+
+
+def _to_rows(compaction: tuple, x: torch.Tensor, name: str) -> torch.Tensor:
+    """``[B, S, *]`` -> ``[B, L, *]``: real tokens left-aligned, zeros after."""
+    plan, row_length, compact_index = compaction
+    tokens = plan.pack(x, name=name)[0]  # [N, *]
+    rows = tokens.new_zeros((plan.batch_size * row_length, *tokens.shape[1:]))
+    return rows.index_copy(0, compact_index, tokens).view(plan.batch_size, row_length, *tokens.shape[1:])
 
 
 def preprocess_bshd(
@@ -291,11 +273,10 @@ def preprocess_bshd(
         raise ValueError(f"preprocess_bshd needs context parallel size 1 (got {ctx.cp_size}); use the THD path")
     compaction, mask_snapshot = _compaction(mask, ctx.tp_size if sequence_parallel else 1)
     # [B, L], 1 at real tokens (verl: the mask's own values)
-    new_mask = compaction.to_rows(mask != 0, "attention_mask").to(mask.dtype)
+    new_mask = _to_rows(compaction, mask != 0, "attention_mask").to(mask.dtype)
     _BSHD_MASKS.store(new_mask, "compaction", (mask_snapshot, compaction))
-    new_position_ids = compaction.to_rows(position_ids, "position_ids")
-    new_input_ids = compaction.to_rows(input_ids, "input_ids") if pre_process else input_ids
-    return new_input_ids, new_mask, new_position_ids
+    new_position_ids = _to_rows(compaction, position_ids, "position_ids")
+    return (_to_rows(compaction, input_ids, "input_ids") if pre_process else input_ids), new_mask, new_position_ids
 
 
 def postprocess_bshd(
@@ -316,8 +297,9 @@ def postprocess_bshd(
         )
     result = _rows_of_mask("result", result, mask)
     record = _BSHD_MASKS.lookup(mask, "compaction")
-    if record is not None and record[0].matches(original):
-        return record[1].from_rows(result)
+    if record is not None and record[0].matches(original):  # the inverse of _to_rows on the real tokens
+        plan, _, compact_index = record[1]
+        return plan.restore([result.flatten(0, 1).index_select(0, compact_index).unsqueeze(0)])
     # A mask we did not make: both masks must hold the same number of real tokens per row (one sync).
     source = plan_from_checked_mask(mask, ParallelContext(), alignment=1)
     target = plan_from_checked_mask(original, ParallelContext(), alignment=1)
@@ -360,20 +342,19 @@ def preprocess_thd_engine(
 
 
 def _plan_for_nested(packed_seq_params: Any, nested: torch.Tensor, local_cp_size: int | None, layout: str) -> PackPlan:
-    offsets = nested.offsets()
-    plan, same_source = attached_plan(packed_seq_params, offsets)
+    plan, same_source = attached_plan(packed_seq_params, nested.offsets())
     if plan is not None and plan.layout.name != layout:
         raise ValueError(f"cp_layout={layout!r} but packed_seq_params were made with the {plan.layout.name!r} layout")
-    if plan is not None and same_source:
+    if same_source:
         return plan
     if plan is not None:
         ctx, alignments = plan.ctx, [plan.alignment]
+    elif local_cp_size is not None:  # verl: the dynamic-CP group travels on packed_seq_params
+        given_offsets(packed_seq_params)  # a PackedSeqParams, before its group is read
+        ctx = dynamic_cp_context(local_cp_size, packed_seq_params.cp_group)
     else:
-        if local_cp_size is not None:  # verl: the dynamic-CP group travels on packed_seq_params
-            given_offsets(packed_seq_params)  # a PackedSeqParams, before its group is read
-            ctx = dynamic_cp_context(local_cp_size, packed_seq_params.cp_group)
-        else:
-            ctx = megatron_context()
+        ctx = megatron_context()
+    if plan is None:  # the paddings preprocess_thd_engine can have made without length options: plain, FP8, MXFP8
         alignments = [
             engine_thd_alignment(ctx, layout, fp8, None, None, fp8_recipe=recipe)
             for fp8, recipe in ((False, None), (True, None), (True, "mxfp8"))
@@ -406,9 +387,8 @@ def preprocess_bshd_engine(
     use_fp8_padding: bool = False,
     forced_max_seqlen: int | None = None,
 ):
-    """Jagged ``[B, j, *]`` -> (``[B, M/CP, *]``, bool attention mask ``[B, M/CP]``, position ids ``[B, M/CP]``):
-    rows of ``M`` (the longest sequence or ``forced_max_seqlen``, aligned as verl does) cut zigzag for CP, a THD plan
-    whose slots all have length ``M``. ``pre_process`` is ignored, as in verl."""
+    """Jagged ``[B, j, *]`` -> (``[B, M/CP, *]``, bool mask ``[B, M/CP]``, position ids ``[B, M/CP]``), ``M`` the
+    longest sequence or ``forced_max_seqlen`` aligned as verl does, rows cut zigzag; ``pre_process`` is ignored."""
     nested = require_jagged("input_ids", input_ids)
     ctx = megatron_context()
     batch_size = nested.size(0)
@@ -429,17 +409,13 @@ def preprocess_bshd_engine(
 
 
 def _plan_for_bshd_mask(attention_mask: torch.Tensor) -> PackPlan:
-    """The plan of a BSHD mask: the one ``preprocess_bshd_engine`` made it with, else rebuilt from the real-token
-    counts. With CP > 1 the counts are all-reduced over CP on every call, whatever this rank's cache holds, so every
-    CP rank calls the same collectives in the same order (a rank whose cache was cleared or evicted, or that was
-    handed an equal but different mask, rebuilds; the others use their plan)."""
+    """The plan ``preprocess_bshd_engine`` made the mask with, else one rebuilt from its real-token counts. The counts
+    are all-reduced over CP on every call, cached or not, so all CP ranks run the same collectives in order."""
     ctx = megatron_context()
     batch_size, local_rows = attention_mask.shape
     seqlens = (attention_mask != 0).sum(dim=1)
     if ctx.cp_size > 1:
-        import torch.distributed as dist
-
-        dist.all_reduce(seqlens, group=ctx.cp_group)
+        torch.distributed.all_reduce(seqlens, group=ctx.cp_group)
     plan = _BSHD_MASKS.lookup(attention_mask, "engine")
     if plan is not None:
         return plan
@@ -475,10 +451,9 @@ def clear_plan_caches() -> None:
 
 
 # ============================================================ verl's names before 0.8
-# verl renamed its no-padding functions twice (0.6 ``*_packed_seqs_no_padding``, ``remove/recover_left_padding`` ->
-# 0.7 ``*_thd_no_padding`` / ``*_bshd_no_padding`` -> 0.8 ``*_engine`` / ``*_bshd``) and changed what the THD
-# preprocess returns (a pair until 0.7.0, a triple from 0.7.1). A name whose calls the 0.8 drop-in takes as they are
-# is that drop-in (its extra parameters have defaults); ``patching`` picks the variant by signature.
+# verl's renames: 0.6 ``*_packed_seqs_no_padding`` / ``remove/recover_left_padding`` -> 0.7 ``*_thd/bshd_no_padding``
+# -> 0.8 ``*_engine`` / ``*_bshd``; the THD preprocess returns a pair until 0.7.0, a triple from 0.7.1. An old name
+# the 0.8 drop-in serves is that drop-in; ``patching`` picks the variant by signature.
 remove_left_padding, recover_left_padding = preprocess_bshd, postprocess_bshd  # 0.6
 postprocess_thd_no_padding = postprocess_packed_seqs_no_padding = postprocess_thd_engine  # 0.7 (0.6)
 preprocess_bshd_no_padding, postprocess_bshd_no_padding = preprocess_bshd_engine, postprocess_bshd_engine  # 0.7

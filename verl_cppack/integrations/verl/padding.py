@@ -1,8 +1,6 @@
-"""verl's padding rules as core ``Alignment`` objects, and the checks of the arguments that choose them: the legacy
-THD rule (``TP*CP*2`` per slot with CP>1, else ``TP``), the engine THD rule (the contiguous layout: ``TP*CP``;
-``min_local_rows`` and ``pad_to_length_bucket`` as stream constraints), the engine BSHD row length ``M``; with FP8
-padding, slots to ``lcm(16, base)`` (``"mxfp8"``: 32) and the stream to ``base*128``.
-"""
+"""verl's padding rules as core ``Alignment`` objects, and the checks of the arguments that choose them: legacy THD
+(``TP*CP*2`` per slot with CP>1, else ``TP``), engine THD (contiguous layout: ``TP*CP``; ``min_local_rows``,
+``pad_to_length_bucket``), the engine BSHD row length; FP8: slots to ``lcm(block, base)``, stream to ``base*128``."""
 
 from __future__ import annotations
 
@@ -19,15 +17,6 @@ MXFP8_BLOCK = 32  # MXFP8 scales blocks of 32 elements: every slot a multiple of
 FP8_BLOCK = 16  # every other recipe: 16 (megatron.core.fp8_utils.get_fp8_align_size)
 
 
-def fp8_recipe_names() -> tuple[str, ...]:
-    """The recipe names this megatron-core knows (its ``Fp8Recipe`` values), else ``FP8_RECIPES``."""
-    try:
-        from megatron.core.enums import Fp8Recipe
-    except ImportError:
-        return FP8_RECIPES
-    return tuple(recipe.value for recipe in Fp8Recipe)
-
-
 def fp8_block(fp8_recipe: object) -> int:
     """Tokens per FP8 quantisation block of ``fp8_recipe`` (None: verl's default recipe, 16), as megatron's
     ``get_fp8_align_size`` maps them; ``TypeError`` / ``ValueError`` naming ``fp8_recipe`` for anything else."""
@@ -38,7 +27,12 @@ def fp8_block(fp8_recipe: object) -> int:
             f"fp8_recipe must be None or a recipe name (str or megatron.core.enums.Fp8Recipe), got "
             f"{type(fp8_recipe).__name__} ({fp8_recipe!r})"
         )
-    names = fp8_recipe_names()
+    try:  # the recipe names this megatron-core knows
+        from megatron.core.enums import Fp8Recipe
+
+        names = tuple(recipe.value for recipe in Fp8Recipe)
+    except ImportError:
+        names = FP8_RECIPES
     if fp8_recipe not in names:  # (an Fp8Recipe equals its value)
         raise ValueError(f"fp8_recipe must be one of {', '.join(names)} (or None), got {fp8_recipe!r}")
     return MXFP8_BLOCK if fp8_recipe == "mxfp8" else FP8_BLOCK
@@ -49,13 +43,12 @@ def fp8_alignment(base: int, fp8_recipe: object) -> Alignment:
     return Alignment.fp8(base, block=fp8_block(fp8_recipe))
 
 
-def check_include_total_tokens(include_total_tokens: object) -> bool:
+def check_include_total_tokens(include_total_tokens: object) -> None:
     if not isinstance(include_total_tokens, bool):
         raise TypeError(
             f"include_total_tokens must be True or False, got {type(include_total_tokens).__name__} "
             f"({include_total_tokens!r})"
         )
-    return include_total_tokens
 
 
 def check_layout(cp_layout: object) -> str:

@@ -1,23 +1,16 @@
 """``install()`` / ``uninstall()``: bind the drop-ins into verl, in every module that bound verl's util functions.
 
-verl's callers bind util's functions at import time (``from .util import preprocess_packed_seqs``), so ``install``
-patches util and every loaded module holding one of the original function objects (by identity), and asks
-``import_hooks.after_import`` to do so the moment util finishes executing: nothing of verl is imported here, so it is
-safe while ``verl/__init__`` runs (``VERL_USE_EXTERNAL_MODULES``).
-
-A function is replaced only if its drop-in takes every call it takes, judged from the two signatures
-(``incompatibility``: verl's positional parameters first, same names and order; keywords taken by keyword; verl's
-defaults equal and of the same type; the drop-in's other parameters defaulted; no ``*args`` / ``**kwargs`` on
-verl's side); otherwise it stays verl's and ``status()["left_to_verl"]`` says why. Where releases kept a name but
-changed what it returns, ``DROPINS`` holds one variant per behaviour, the first that fits is taken. On an untested
-release (or with ``VERL_CPPACK_VERIFY=1``) each drop-in is bound inside a ``runtime_check.VerifiedDropIn``.
-``wrap_dropins`` lets a job wrap every drop-in (``jobs.call_counts``). ``VERL_CPPACK_DISABLE=1``: ``install`` does
-nothing.
-"""
+verl's callers bind util's functions at import time, so ``install`` patches util and every loaded module holding an
+original (by identity), now or via ``import_hooks.after_import`` once util has run; verl is never imported here (safe
+while ``verl/__init__`` runs). A function is replaced only if its drop-in takes every call it takes
+(``incompatibility``), else ``status()["left_to_verl"]`` says why; ``DROPINS`` holds one variant per behaviour where
+releases changed a name's results. On an untested release (or ``VERL_CPPACK_VERIFY=1``) each drop-in is bound inside
+a ``runtime_check.VerifiedDropIn``."""
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.metadata
 import inspect
 import os
@@ -84,8 +77,7 @@ def incompatibility(verl_signature: inspect.Signature, dropin_signature: inspect
 
 
 def signature_from_source(node: ast.FunctionDef) -> inspect.Signature:
-    """A function's signature read from its source (``ast``): names, kinds and the defaults that are literals (any
-    other default is unknown, so it never counts as equal to a drop-in's)."""
+    """A function's signature from its ``ast``: names, kinds, literal defaults (others unknown: never equal to ours)."""
     arguments = node.args
     only, either = arguments.posonlyargs, arguments.args
     positional = [*only, *either]
@@ -109,8 +101,7 @@ def _literal(expression: ast.expr | None) -> object:
 
 @dataclass(frozen=True)
 class VerlFunction:
-    """What the plugin knows of one of verl's functions before replacing it: its signature (``None`` when it has
-    none to read) and the names its body uses (globals and attributes), from the function or from its source."""
+    """One of verl's functions: its signature (``None``: unreadable) and the global/attribute names its body uses."""
 
     signature: inspect.Signature | None
     names: frozenset[str]
@@ -212,15 +203,14 @@ def choose(name: str, verl: VerlFunction) -> tuple[DropIn | None, str | None]:
     """The first drop-in for ``name`` that stands in for verl's function, or ``(None, why none does)``."""
     if verl.signature is None:
         return None, "verl's function has no readable signature"
-    reasons = []
+    reasons = {}  # (a dict: each reason once, in order)
     for candidate in DROPINS[name]:
         reason = incompatibility(verl.signature, inspect.signature(candidate.function))
         if reason is None and candidate.fits is not None and not candidate.fits(verl):
             reason = candidate.misfit
         if reason is None:
             return candidate, None
-        if reason not in reasons:
-            reasons.append(reason)
+        reasons[reason] = None
     return None, "; ".join(reasons)
 
 
@@ -232,14 +222,11 @@ def plan_replacements(functions: Mapping[str, VerlFunction]) -> tuple[dict[str, 
 
 
 def release_of(util: ModuleType) -> str | None:
-    """verl's ``verl/version/version`` read beside util's file (``verl`` is not imported: its ``__init__`` may be
-    running), else the installed distribution's version, else None."""
-    try:
-        text = (Path(util.__file__).resolve().parents[2] / "version" / "version").read_text().strip()
-    except (AttributeError, TypeError, OSError, IndexError):  # no file (or None), or no version file beside it
-        text = ""
-    if text:
-        return text
+    """verl's ``verl/version/version`` beside util's file (not importing ``verl``: its ``__init__`` may be running),
+    else the distribution's version, else None."""
+    with contextlib.suppress(AttributeError, TypeError, OSError, IndexError):  # no file (or None), no version file
+        if text := (Path(util.__file__).resolve().parents[2] / "version" / "version").read_text().strip():
+            return text
     try:
         return importlib.metadata.version("verl")
     except importlib.metadata.PackageNotFoundError:
@@ -349,8 +336,8 @@ def install() -> bool:
 
 
 def uninstall() -> None:
-    """verl's functions back in every module ``install`` patched and every ``verl.*`` / ``recipe.*`` module that
-    bound a drop-in from util since (not where the drop-ins were imported by their own names). Idempotent."""
+    """verl's functions back in every module ``install`` patched and every ``verl.*`` / ``recipe.*`` module holding
+    a drop-in bound from util (not one imported by its own name). Idempotent."""
     megatron_bridge.uninstall()
     with _LOCK:
         cancel(UTIL_MODULE, _patch_util)

@@ -1,10 +1,8 @@
-"""Remember plans between the calls of one micro-batch (verl packs inputs, labels and masks, then gathers back every
-output, with the same mask: one host sync per micro-batch, not per call), keyed by the *identity and version* of the
-tensor they were built from (the mask, or a nested batch's offsets). On the CPU every hit also compares the contents
-with a copy kept at planning time (``memcmp``), so a write torch's version counter misses re-plans too; on an
-accelerator it is not seen (build a new tensor for a new batch, as verl does). An entry dies with its source tensor
-(a weak reference), so a new tensor at a recycled address cannot hit a stale entry.
-"""
+"""Remember plans between the calls of one micro-batch (one host sync per micro-batch, not per call), keyed by the
+*identity and version* of their source tensor (the mask, or a nested batch's offsets). On the CPU a hit also compares
+the contents with a copy kept at planning time, catching writes the version counter misses; on an accelerator it
+does not (build a new tensor per batch, as verl does). Entries die with their source (a weak reference), so a
+recycled address cannot hit a stale entry."""
 
 from __future__ import annotations
 
@@ -25,34 +23,11 @@ T = TypeVar("T")
 PLAN_ATTRIBUTE = "_verl_cppack_plan"
 
 
-def _libc_memcmp() -> Callable[[int, int, int], int] | None:
-    try:
-        memcmp = ctypes.CDLL(None).memcmp
-    except (OSError, AttributeError, TypeError):  # no C library to load this way (e.g. Windows)
-        return None
-    memcmp.restype = ctypes.c_int
-    memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-    return memcmp
-
-
-_MEMCMP = _libc_memcmp()
-
-
-def _host_copy(source: torch.Tensor) -> bytes | np.ndarray:
-    """What a CPU source is compared with later: its bytes (one C call, no ATen op) where ``memcmp`` can compare a
-    contiguous tensor with them, else a contiguous numpy copy of its memory."""
-    if _MEMCMP is not None and source.is_contiguous():
-        return ctypes.string_at(source.data_ptr(), source.nbytes)
-    return np.array(host_memory(source), order="C")
-
-
-def _same_contents_on_host(tensor: torch.Tensor, kept: bytes | np.ndarray) -> bool:
-    """Exact comparison of a CPU tensor with ``_host_copy``'s copy: ``memcmp`` of the bytes (~45 us per MB here;
-    ``torch.equal`` takes ~20 times longer on a bool mask), no ATen op."""
-    if isinstance(kept, bytes):  # the source was contiguous: a tensor that is not now is not it, unchanged
-        same_size = tensor.is_contiguous() and tensor.nbytes == len(kept)
-        return same_size and (not kept or _MEMCMP(tensor.data_ptr(), kept, len(kept)) == 0)
-    return bool(np.array_equal(host_memory(tensor), kept))  # sources are masks and offsets: integers, no NaN
+try:
+    _MEMCMP = ctypes.CDLL(None).memcmp
+    _MEMCMP.restype, _MEMCMP.argtypes = ctypes.c_int, (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+except (OSError, AttributeError, TypeError):  # no C library to load this way (e.g. Windows)
+    _MEMCMP = None
 
 
 class SourceSnapshot:
@@ -62,23 +37,32 @@ class SourceSnapshot:
 
     def __init__(self, source: torch.Tensor, reference: weakref.ref, keep_contents: bool | None) -> None:
         self.reference, self.version = reference, source._version
-        # a copy of the contents, compared on every hit (``keep_contents=None``: a CPU source's; none on an accelerator)
+        # the contents compared on every hit (``keep_contents=None``: on the CPU only): bytes for ``memcmp`` where
+        # contiguous, else a numpy copy
         keep = source.device.type == "cpu" if keep_contents is None else keep_contents
-        self.kept = _host_copy(source) if keep else None
+        if not keep:
+            self.kept = None
+        elif _MEMCMP is not None and source.is_contiguous():
+            self.kept = ctypes.string_at(source.data_ptr(), source.nbytes)
+        else:
+            self.kept = np.array(host_memory(source), order="C")
 
     def matches(self, tensor: torch.Tensor) -> bool:
-        """Whether ``tensor`` is the source, unchanged: the same object at the same version, and on the CPU the same
-        bytes (on an accelerator a check of the contents would cost a sync per call)."""
+        """Whether ``tensor`` is the source, unchanged: same object and version, and (kept contents) the same bytes,
+        by ``memcmp`` with no ATen op (far cheaper than ``torch.equal``; on an accelerator it would cost a sync)."""
         if self.reference() is not tensor or tensor._version != self.version:
             return False
-        return self.kept is None or _same_contents_on_host(tensor, self.kept)
+        kept = self.kept
+        if isinstance(kept, bytes):  # the source was contiguous: a tensor that is not now is not it, unchanged
+            same_size = tensor.is_contiguous() and tensor.nbytes == len(kept)
+            return same_size and (not kept or _MEMCMP(tensor.data_ptr(), kept, len(kept)) == 0)
+        return kept is None or bool(np.array_equal(host_memory(tensor), kept))  # masks, offsets: integers, no NaN
 
 
 class TensorKeyedCache:
-    """A small LRU map from (source tensor, extra key) to a value built once; the entries of one source share one
-    snapshot. A source's death is only noted by its weak reference's callback, its entries dropped at the next call:
-    the callback may run in a garbage collection inside this cache's own loop over its entries (dropping them there
-    raised "OrderedDict mutated during iteration"); until then their snapshot's reference answers ``None``."""
+    """A small LRU map from (source tensor, extra key) to a value built once; one source's entries share a snapshot.
+    A dead source's entries are dropped at the next call, not in its weakref callback, which may run inside a GC
+    during this cache's own loop over its entries (mutating the OrderedDict mid-iteration)."""
 
     def __init__(self, capacity: int = 8, keep_contents: bool | None = None) -> None:
         self._capacity, self._keep_contents = capacity, keep_contents  # keep_contents: as ``SourceSnapshot`` takes it
@@ -86,8 +70,7 @@ class TensorKeyedCache:
         self._snapshots: dict[tuple[int, int], SourceSnapshot] = {}
         self._dead: list[tuple[tuple[int, int], SourceSnapshot]] = []  # appended to by the callbacks alone
 
-    def _drop_dead(self) -> None:
-        """Drop the entries of the sources that died since the last call."""
+    def _drop_dead(self) -> None:  # the entries of the sources that died since the last call
         while self._dead:
             source_key, snapshot = self._dead.pop()
             if self._snapshots.get(source_key) is snapshot:
@@ -128,7 +111,11 @@ class TensorKeyedCache:
         """Keep ``value`` for ``source`` and ``key``; returns the snapshot of ``source`` its entries share."""
         self._drop_dead()
         snapshot = self._snapshot(source)
-        self._insert((id(source), source._version, key), snapshot, value)
+        self._entries[(id(source), source._version, key)] = (snapshot, value)
+        while len(self._entries) > self._capacity:
+            evicted, _ = self._entries.popitem(last=False)
+            if not any(k[:2] == evicted[:2] for k in self._entries):  # its source has no entry left
+                self._snapshots.pop(evicted[:2], None)
         return snapshot
 
     def _snapshot(self, source: torch.Tensor) -> SourceSnapshot:
@@ -140,20 +127,10 @@ class TensorKeyedCache:
                 return snapshot
             self._forget(source_key)  # (a source without a snapshot has no entry)
         dead = self._dead
-
-        def forget(_reference: weakref.ref, source_key: tuple = source_key) -> None:  # the source died: noted only
-            dead.append((source_key, snapshot))
-
+        forget = lambda _reference, source_key=source_key: dead.append((source_key, snapshot))  # died: noted only
         snapshot = SourceSnapshot(source, weakref.ref(source, forget), self._keep_contents)
         self._snapshots[source_key] = snapshot
         return snapshot
-
-    def _insert(self, entry_key: tuple, snapshot: SourceSnapshot, value: Any) -> None:
-        self._entries[entry_key] = (snapshot, value)
-        while len(self._entries) > self._capacity:
-            evicted, _ = self._entries.popitem(last=False)
-            if not any(k[:2] == evicted[:2] for k in self._entries):  # its source has no entry left
-                self._snapshots.pop(evicted[:2], None)
 
     def _forget(self, source_key: tuple) -> None:
         self._snapshots.pop(source_key, None)
@@ -173,8 +150,7 @@ def attach_plan(packed_seq_params: Any, plan: Any, snapshot: SourceSnapshot) -> 
 
 
 def attached_plan(packed_seq_params: Any, source: torch.Tensor) -> tuple[Any | None, bool]:
-    """``(plan, same_source)``: the recorded plan (or None) and whether ``source`` is the unchanged tensor it
-    came from (see ``SourceSnapshot.matches``)."""
+    """``(plan, same_source)``: the recorded plan (or None), whether ``source`` is its unchanged source tensor."""
     record = getattr(packed_seq_params, PLAN_ATTRIBUTE, None)
     if record is None:
         return None, False

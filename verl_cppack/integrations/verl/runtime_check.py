@@ -1,11 +1,9 @@
-"""The runtime check: on a release the matrix does not test (or with ``VERL_CPPACK_VERIFY=1``) each drop-in is bound
-inside a ``VerifiedDropIn``, whose first call in each *mode* (``mode_of``) also runs verl's function (on copies, no
-autograd) and compares the results exactly (``comparison.compare_call``, the release's intended differences
-excused). The CP group decides together (one ``all_reduce(MIN)``): equal everywhere verifies the mode (all verified
-and ``STEP_ASIDE_AFTER`` quiet calls: the plain drop-in replaces the wrapper); different on any rank, or ours raised
-where verl's did not, puts verl's function back (one ``BehaviourChanged`` warning, verl's result returned); verl's
-raising returns ours and checks the mode again, at most ``MAX_TRIES`` times. Integer masks are not compared.
-"""
+"""The runtime check: on an untested release (or ``VERL_CPPACK_VERIFY=1``) each drop-in is bound inside a
+``VerifiedDropIn``, whose first call per *mode* (``mode_of``) also runs verl's function on copies and compares the
+results exactly (``comparison.compare_call``, intended differences excused). The CP group decides by one
+``all_reduce(MIN)``: equal verifies the mode; a difference on any rank, or ours raising alone, puts verl's function
+back (one ``BehaviourChanged`` warning, verl's result returned); verl raising retries the mode, ``MAX_TRIES`` at most.
+Integer masks are not compared."""
 
 from __future__ import annotations
 
@@ -16,11 +14,13 @@ import inspect
 import os
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from verl_cppack.integrations.megatron import parallel_context_from_megatron
 from verl_cppack.integrations.verl import comparison
 
 VERIFY_ENV = "VERL_CPPACK_VERIFY"
@@ -55,8 +55,8 @@ def mode_of(bound: inspect.BoundArguments) -> tuple:
 
 
 def copy_argument(value: Any) -> Any:
-    """A copy verl's function may rewrite: tensors cloned (no autograd), containers and dataclasses copied with their
-    tensors cloned; anything else (groups, numbers) shared."""
+    """A copy verl's function may rewrite: tensors, and those in containers and dataclasses, cloned (no autograd);
+    anything else (groups, numbers) shared."""
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if type(value) in (list, tuple):
@@ -78,8 +78,6 @@ def copy_argument(value: Any) -> Any:
 
 def _cp_context() -> Any:
     """Megatron's parallel context, or None without megatron's parallel state."""
-    from verl_cppack.integrations.megatron import parallel_context_from_megatron
-
     try:
         return parallel_context_from_megatron()
     except (ImportError, ValueError):
@@ -105,8 +103,7 @@ def _raised(error: BaseException) -> str:
 
 
 class VerifiedDropIn:
-    """``dropin`` standing in for verl's ``original`` under ``name``, checking itself on its first calls;
-    ``on_put_back(name, reason)`` / ``on_step_aside(name, dropin)`` rebind where the wrapper is bound."""
+    """``dropin`` standing in for verl's ``original``, checking itself on its first calls; the callbacks rebind."""
 
     def __init__(
         self,
@@ -121,7 +118,7 @@ class VerifiedDropIn:
         self.signature = inspect.signature(original)
         self.on_put_back, self.on_step_aside = on_put_back, on_step_aside
         self.verified: set[tuple] = set()
-        self.tries: dict[tuple, int] = {}
+        self.tries: Counter[tuple] = Counter()
         self.unverified: dict[tuple, str] = {}  # mode -> why it counts as verified without a comparison
         self.put_back_reason: str | None = None
         self.stepped_aside = False
@@ -197,31 +194,28 @@ class VerifiedDropIn:
             difference = left[0].describe() if left else None
         verdict = decide_together(DIFFERENT if difference else (UNDECIDED if verl_error is not None else EQUAL), device)
         if verdict == DIFFERENT:
-            self._put_back(difference or "another rank of the CP group found a difference")
+            self.put_back_reason = reason = difference or "another rank of the CP group found a difference"
+            release = f"verl {self.release}" if self.release else "this verl"
+            warnings.warn(
+                f"verl_cppack: {release}'s {self.name} gives other results than its drop-in ({reason}); verl's own "
+                f"{self.name} is put back for the rest of this process",
+                BehaviourChanged,
+                stacklevel=3,
+            )
+            if self.on_put_back is not None:
+                self.on_put_back(self.name, reason)
             if verl_error is None:
                 return theirs
         elif verdict == EQUAL:
             self.verified.add(mode)
         elif verl_error is not None and our_error is None:
-            self.tries[mode] = self.tries.get(mode, 0) + 1
+            self.tries[mode] += 1
             if self.tries[mode] >= MAX_TRIES:
                 self.verified.add(mode)
                 self.unverified[mode] = f"verl's function raised on each of its first {MAX_TRIES} checks"
         if our_error is not None:
             raise our_error
         return ours
-
-    def _put_back(self, reason: str) -> None:
-        self.put_back_reason = reason
-        release = f"verl {self.release}" if self.release else "this verl"
-        warnings.warn(
-            f"verl_cppack: {release}'s {self.name} gives other results than its drop-in ({reason}); verl's own "
-            f"{self.name} is put back for the rest of this process",
-            BehaviourChanged,
-            stacklevel=4,
-        )
-        if self.on_put_back is not None:
-            self.on_put_back(self.name, reason)
 
 
 def verification_of(function: Callable[..., Any]) -> VerifiedDropIn | None:

@@ -1,9 +1,7 @@
 """Drop-ins for verl's (0.8+) vision-language mask builders ``build_vlm_attn_mask_thd`` / ``build_vlm_attn_mask_bshd``:
-jagged ``[B, j]`` ids -> dense rows ``[B, S]`` (real tokens first, then ``pad_token_id``) and a bool mask ``[B, S]``.
-No Python loop over rows, one ``to_padded_tensor`` kernel; the only host read is the longest sequence, none when the
-micro-batch's plan knows it or ``forced_max_seqlen`` is given. ``S`` is rounded up to ``TP*CP*2`` when CP>1, else to
-``TP``, except by verl 0.8.0 / 0.9.0's ``build_vlm_attn_mask_thd`` (``build_vlm_attn_mask_thd_unaligned``).
-"""
+jagged ``[B, j]`` ids -> rows ``[B, S]`` (real tokens, then ``pad_token_id``) and a bool mask ``[B, S]``, by one
+kernel; the only host read is the longest sequence (none when a plan knows it). ``S`` is rounded up to ``TP*CP*2``
+with CP>1, else ``TP``, except by verl 0.8.0 / 0.9.0's thd builder (``build_vlm_attn_mask_thd_unaligned``)."""
 
 from __future__ import annotations
 

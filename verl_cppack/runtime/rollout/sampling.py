@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 GREEDY_TEMPERATURE = 1e-5  # below it, greedy (vLLM's _SAMPLING_EPS)
-# rollout.logprobs_mode values served: 'processed' (verl's default, under the distribution the token was drawn from),
-# 'raw' (log_softmax of the model's logits)
+# rollout.logprobs_mode: 'processed' (verl's default; the distribution drawn from), 'raw' (the model's logits)
 LOG_PROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
 
@@ -64,10 +63,8 @@ def request_seed(
 ) -> int:
     """The seed of one request's generator: a hash of (base seed, replica rank, prompt, occurrence, name).
 
-    ``occurrence`` counts earlier requests for the same prompt (and name) on the server, so a GRPO group's samples
-    differ while a rerun draws the same (verl's request ids are fresh uuids); ``request_name``: verl's row name under
-    ``rollout.full_determinism``, else empty.
-    """
+    ``occurrence`` counts earlier requests for the same prompt (and name), so a GRPO group's samples differ while a
+    rerun repeats them; ``request_name``: verl's row name under ``rollout.full_determinism``, else empty."""
     digest = hashlib.blake2b(digest_size=8)
     digest.update(array("q", [int(base_seed), int(replica_rank), int(occurrence)]).tobytes())
     digest.update(array("q", [int(token) for token in prompt_ids]).tobytes())

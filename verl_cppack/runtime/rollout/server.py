@@ -1,6 +1,5 @@
-"""The Hugging Face rollout server (``verl_adapter.HFReplica``'s Ray actor): verl's token-in/token-out server
-protocol over ``HFTokenSampler``, answering ``generate(...) -> TokenOutput`` as vLLM's ``vLLMHttpServer`` does, plus
-every control call verl makes on a server (no-ops where the host has nothing to free)."""
+"""The Hugging Face rollout server (``verl_adapter.HFReplica``'s Ray actor): verl's token-in/token-out protocol over
+``HFTokenSampler``, answering ``generate`` as vLLM's ``vLLMHttpServer`` does, plus verl's control calls on a server."""
 
 from __future__ import annotations
 
@@ -92,9 +91,8 @@ class HFRolloutServer:
     def sampling_settings(
         self, prompt_length: int, sampling_params: Mapping[str, Any]
     ) -> tuple[SamplingSettings, bool]:
-        """Resolve verl's ``sampling_params`` against the rollout config, as ``vLLMHttpServer.generate`` does;
-        returns the settings and whether log-probs were asked for. Max tokens default to
-        min(response_length, prompt_length + response_length - prompt length), clamped to the model's headroom."""
+        """Resolve verl's ``sampling_params`` against the rollout config as ``vLLMHttpServer.generate`` does -> (the
+        settings, whether log-probs were asked for); max tokens are clamped to the model's headroom."""
         unknown = set(sampling_params) - _SAMPLING_KEYS_USED - _SAMPLING_KEYS_WITHOUT_EFFECT
         if unknown:
             raise ValueError(f"HF rollout: unsupported sampling_params {sorted(unknown)}")
@@ -111,12 +109,11 @@ class HFRolloutServer:
             config = self.config
             max_tokens = min(config.response_length, config.prompt_length + config.response_length - prompt_length)
         max_tokens = max(1, min(int(max_tokens), headroom))
-        top_k = sampling_params.get("top_k", -1)
         settings = SamplingSettings(
             max_tokens=max_tokens,
             temperature=float(sampling_params.get("temperature", 1.0)),
             top_p=float(sampling_params.get("top_p", 1.0)),
-            top_k=-1 if top_k is None else int(top_k),
+            top_k=int(sampling_params.get("top_k") or -1),  # None and 0 are off too
             repetition_penalty=float(sampling_params.get("repetition_penalty", self.config.repetition_penalty)),
             stop_token_ids=frozenset(int(token) for token in (sampling_params.get("stop_token_ids") or ())),
             ignore_eos=bool(sampling_params.get("ignore_eos", self.config.ignore_eos)),
@@ -212,8 +209,7 @@ class HFRolloutServer:
         self._rejecting = False
         self._gate_open.set()
 
-    async def open_submission_gate(self) -> None:
-        await self.resume_generation()
+    open_submission_gate = resume_generation
 
     async def wait_for_requests_to_drain(self) -> None:
         """Return once no request is being decoded."""
@@ -221,8 +217,7 @@ class HFRolloutServer:
             await asyncio.sleep(0.01)
 
     async def _no_op(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing to do on the host: weights and the key/value cache (alive for one request) are host memory, there
-        is no engine profiler, and admission is the gate ``open_submission_gate`` opens."""
+        """Nothing to do on the host: weights and KV cache are host memory, no profiler, admission is the gate."""
 
     wake_up = sleep = clear_kv_cache = release_kv_cache = resume_kv_cache = _no_op
     start_profile = stop_profile = resume_engine_generation = _no_op

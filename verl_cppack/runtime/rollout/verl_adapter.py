@@ -1,7 +1,5 @@
-"""verl's side of the Hugging Face rollout: the server adapter in each hybrid worker and the trainer's replica.
-
-Both are registered in verl's registries by ``cpu_fixes.py`` (rows 13 and 14), by name.
-"""
+"""verl's side of the Hugging Face rollout: the server adapter in each hybrid worker and the trainer's replica
+(registered by name by ``cpu_fixes.py``, rows 13 and 14)."""
 
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ logger = logging.getLogger(__name__)
 
 
 class HFServerAdapter(BaseRollout):
-    """verl's ``BaseRollout`` for the HF server, in each hybrid ``ActorRolloutRefWorker``. ``update_weights`` iterates
-    the actor's weights on every rank (Megatron's export runs collectives) and the replica's rank 0 sends them to
-    its server in buckets; ``resume`` and ``release`` do nothing (host memory)."""
+    """verl's ``BaseRollout`` for the HF server: every rank iterates the weights (Megatron's export runs collectives),
+    the replica's rank 0 sends them to its server in buckets."""
 
     def __init__(
         self, config: RolloutConfig, model_config: HFModelConfig, device_mesh: Any = None, replica_rank: int = -1
@@ -102,9 +99,8 @@ async def _iterate(items: Iterable[Any] | AsyncIterable[Any]):
 
 
 class HFReplica(RolloutReplica):
-    """verl's ``RolloutReplica`` for the HF rollout, hybrid mode only: one CPU server actor per replica, pinned to
-    the node of its first worker, asking Ray for nothing (the workers, which hold the logical GPUs, take turns with
-    it)."""
+    """verl's ``RolloutReplica`` for the HF rollout, hybrid mode only: one CPU server actor per replica on its first
+    worker's node, asking Ray for nothing (the workers hold the logical GPUs and take turns with it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
