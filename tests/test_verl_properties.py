@@ -108,6 +108,24 @@ def test_plan_cache_reuses_a_plan_until_the_mask_changes_or_dies():
     assert len(cache._entries) == 0 and not cache._snapshots
 
 
+def test_a_dead_sources_values_are_released_when_it_dies():
+    """A plan lives as long as its mask, not until the cache's next call (its index tables can be megabytes)."""
+    import weakref
+
+    from verl_cppack.integrations.verl.plan_cache import TensorKeyedCache
+
+    class Plan:
+        pass
+
+    cache, mask, plan = TensorKeyedCache(), torch.ones(2, 3, dtype=torch.bool), Plan()
+    plan_alive = weakref.ref(plan)
+    cache.entry(mask, "k", lambda made=plan: made)
+    del plan
+    assert plan_alive() is not None  # kept while the mask lives
+    del mask
+    assert plan_alive() is None  # released with the mask, before any further call
+
+
 def test_a_source_dying_never_changes_the_cache_under_its_own_loops():
     """A source's last reference can go anywhere, a garbage collection in the middle of the cache's loop over its
     entries included (verl 0.7.1's release comparison once raised "OrderedDict mutated during iteration" there):

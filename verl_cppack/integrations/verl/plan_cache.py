@@ -31,12 +31,13 @@ except (OSError, AttributeError, TypeError):  # no C library to load this way (e
 
 
 class SourceSnapshot:
-    """The tensor a plan was built from: a weak reference, its version and a copy of its contents."""
+    """The tensor a plan was built from: a weak reference, its version, a copy of its contents, and the values the
+    cache keeps for it (extra key -> value)."""
 
-    __slots__ = ("reference", "version", "kept")
+    __slots__ = ("reference", "version", "kept", "values")
 
     def __init__(self, source: torch.Tensor, reference: weakref.ref, keep_contents: bool | None) -> None:
-        self.reference, self.version = reference, source._version
+        self.reference, self.version, self.values = reference, source._version, {}
         # the contents compared on every hit (``keep_contents=None``: on the CPU only): bytes for ``memcmp`` where
         # contiguous, else a numpy copy
         keep = source.device.type == "cpu" if keep_contents is None else keep_contents
@@ -60,13 +61,14 @@ class SourceSnapshot:
 
 
 class TensorKeyedCache:
-    """A small LRU map from (source tensor, extra key) to a value built once; one source's entries share a snapshot.
-    A dead source's entries are dropped at the next call, not in its weakref callback, which may run inside a GC
-    during this cache's own loop over its entries (mutating the OrderedDict mid-iteration)."""
+    """A small LRU map from (source tensor, extra key) to a value built once; one source's entries share a snapshot,
+    which holds their values. A dead source's values are released in its weakref callback (its snapshot's own dict,
+    which no loop walks), its entries dropped at the next call: the callback may run inside a GC during this cache's
+    own loop over its entries (mutating the OrderedDict mid-iteration)."""
 
     def __init__(self, capacity: int = 8, keep_contents: bool | None = None) -> None:
         self._capacity, self._keep_contents = capacity, keep_contents  # keep_contents: as ``SourceSnapshot`` takes it
-        self._entries: OrderedDict[tuple, tuple[SourceSnapshot, Any]] = OrderedDict()
+        self._entries: OrderedDict[tuple, SourceSnapshot] = OrderedDict()  # (id, version, key) -> its snapshot
         self._snapshots: dict[tuple[int, int], SourceSnapshot] = {}
         self._dead: list[tuple[tuple[int, int], SourceSnapshot]] = []  # appended to by the callbacks alone
 
@@ -80,12 +82,13 @@ class TensorKeyedCache:
         self._drop_dead()
         entry_key = (id(source), source._version, key)
         found = self._entries.get(entry_key)
-        if found is not None and not found[0].matches(source):
+        if found is None:
+            return None
+        if not found.matches(source):
             self._forget(entry_key[:2])  # another tensor at a recycled address, or changed contents
             return None
-        if found is not None:
-            self._entries.move_to_end(entry_key)
-        return found
+        self._entries.move_to_end(entry_key)
+        return found, found.values[key]
 
     def entry(self, source: torch.Tensor, key: Hashable, build: Callable[[], T]) -> tuple[T, SourceSnapshot]:
         """``(value, snapshot of source)``: the cached value, or ``build()`` stored when there is none."""
@@ -102,8 +105,9 @@ class TensorKeyedCache:
     def find(self, source: torch.Tensor, accept: Callable[[Any], bool]) -> Any | None:
         """A cached value of ``source`` (unchanged, any extra key) that ``accept`` takes, or None."""
         self._drop_dead()
-        for (source_id, version, _), (snapshot, value) in reversed(list(self._entries.items())):
-            if source_id == id(source) and version == source._version and accept(value):
+        for (source_id, version, key), snapshot in reversed(list(self._entries.items())):
+            value = snapshot.values.get(key)
+            if source_id == id(source) and version == source._version and value is not None and accept(value):
                 return value if snapshot.matches(source) else None
         return None
 
@@ -111,9 +115,11 @@ class TensorKeyedCache:
         """Keep ``value`` for ``source`` and ``key``; returns the snapshot of ``source`` its entries share."""
         self._drop_dead()
         snapshot = self._snapshot(source)
-        self._entries[(id(source), source._version, key)] = (snapshot, value)
+        snapshot.values[key] = value
+        self._entries[(id(source), source._version, key)] = snapshot
         while len(self._entries) > self._capacity:
-            evicted, _ = self._entries.popitem(last=False)
+            evicted, evicted_snapshot = self._entries.popitem(last=False)
+            evicted_snapshot.values.pop(evicted[2], None)
             if not any(k[:2] == evicted[:2] for k in self._entries):  # its source has no entry left
                 self._snapshots.pop(evicted[:2], None)
         return snapshot
@@ -127,13 +133,19 @@ class TensorKeyedCache:
                 return snapshot
             self._forget(source_key)  # (a source without a snapshot has no entry)
         dead = self._dead
-        forget = lambda _reference, source_key=source_key: dead.append((source_key, snapshot))  # died: noted only
+
+        def forget(_reference: weakref.ref, source_key: tuple = source_key) -> None:  # values go, entries noted
+            snapshot.values.clear()
+            dead.append((source_key, snapshot))
+
         snapshot = SourceSnapshot(source, weakref.ref(source, forget), self._keep_contents)
         self._snapshots[source_key] = snapshot
         return snapshot
 
     def _forget(self, source_key: tuple) -> None:
-        self._snapshots.pop(source_key, None)
+        snapshot = self._snapshots.pop(source_key, None)
+        if snapshot is not None:
+            snapshot.values.clear()
         for entry_key in [k for k in self._entries if k[:2] == source_key]:
             del self._entries[entry_key]
 
