@@ -1,7 +1,8 @@
 """`verl-cppack bench --strict`: the target checker read on made-up result rows (no timing is measured here).
 
 Every figure below is chosen by hand against the targets: B=1 never slower than verl beyond verl's own spread in the
-run; from B=16 preprocess >= 2x verl and postprocess >= 1.5x; B=256 preprocess >= 50% of the copies-only ratio;
+run; from B=16 preprocess >= 2x verl and postprocess >= 1.5x (or, where the floor leaves less room, the floor's
+ratio over 1 + verl's spread); B=256 preprocess >= 50% of the copies-only ratio;
 <= 1 host sync per micro-batch, ATen ops flat in B; peak extra memory <= 1.5x verl's. Stretch (never fails
 --strict): B=1 preprocess >= 2x.
 """
@@ -109,6 +110,19 @@ def test_the_b1_allowance_is_the_runs_own_noise():
     assert [line.split(":")[1].split()[0] for line in missed_targets([quiet])] == ["preprocess", "postprocess"]
     assert missed_targets([row(batch_size=4, **slower)]) == []
     assert len(missed_targets([row(**slower)])) == 2
+
+
+def test_the_postprocess_target_drops_to_the_floors_ratio_less_the_noise_where_the_floor_leaves_less_than_1_5x():
+    """verl 2.0 ms, floor 1.6 ms: the floor runs at 1.25x verl's; with 25% noise no packer is asked more than 1.0x."""
+    capped = {"verl__postprocess_spread": 0.25, "floor__postprocess_ms": 1.6}
+    assert missed_targets([row(verl_cppack__postprocess_ms=2.0, **capped)]) == []  # 1.0x: exactly at the target
+    assert missed_targets([row(verl_cppack__postprocess_ms=2.5, **capped)]) == [
+        "B=16 S=1024 CP=2: postprocess 0.80× verl's speed (target ≥ 1.00×: the floor's 1.25× over 1 + the noise 25%)"
+    ]
+    # a floor with room (2x, 20% noise: 1.67x) keeps the target at 1.5x
+    assert missed_targets([row(verl_cppack__postprocess_ms=1.4)]) == [
+        "B=16 S=1024 CP=2: postprocess 1.43× verl's speed (target ≥ 1.5×)"
+    ]
 
 
 def test_the_noise_is_the_relative_interquartile_range():

@@ -6,7 +6,8 @@
   the gathered stream into zeros ``[B, S]`` (the fastest such copy; padding positions land past the output).
 
 The indices come untimed from verl's own functions applied to position numbers, so the floors move exactly the bytes
-verl's layout moves. The engine path (jagged inputs and outputs) has floors of the same kind."""
+verl's layout moves. The engine path (jagged inputs and outputs) has floors of the same kind; its preprocess floor also
+hands out, per call, a new copy of the position ids ``preprocess_thd_engine`` returns with every packed tensor."""
 
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ class EngineFloorIndex:
     pack: torch.Tensor  # [T_local] int64: jagged position of each local slot (padding slots read position 0)
     pack_rolled: torch.Tensor  # [T_local] int64: the same for the labels, which verl rolls (need_roll=True)
     unpack: torch.Tensor  # [N] int64: row of the gathered stream of each real token
+    position_ids: torch.Tensor  # [1, T_local] int64: what each preprocess_thd_engine call returns beside its tensor
     local_length: int  # T_local
     cp_size: int
 
@@ -100,21 +102,29 @@ def engine_floor_index(verl_util: Any, batch: EngineMicroBatch, cp_size: int, cp
     positions = torch.nested.nested_tensor_from_jagged(
         torch.arange(1, count + 1, device=offsets.device), offsets=offsets
     )  # [B, j]: jagged position + 1
-    packed, params, _ = verl_util.preprocess_thd_engine(positions, pre_process=True)  # [1, T_local]
+    packed, params, position_ids = verl_util.preprocess_thd_engine(positions, pre_process=True)  # [1, T_local] each
     rolled = verl_util.preprocess_thd_engine(positions, pre_process=True, need_roll=True)[0]  # [1, T_local]
     local_length = packed.shape[1]
     stream = torch.arange(1, local_length + 1, device=offsets.device) + cp_rank * local_length  # [T_local]
     placed = verl_util.postprocess_thd_engine(stream.unsqueeze(0), params, positions, batch.batch_size)  # [B, j]
     return EngineFloorIndex(
-        (packed[0] - 1).clamp(min=0), (rolled[0] - 1).clamp(min=0), placed.values() - 1, local_length, cp_size
+        (packed[0] - 1).clamp(min=0),
+        (rolled[0] - 1).clamp(min=0),
+        placed.values() - 1,
+        position_ids,
+        local_length,
+        cp_size,
     )
 
 
 def engine_preprocess_floor(batch: EngineMicroBatch, index: EngineFloorIndex) -> torch.Tensor:
-    """The three packed tensors by ``index_select`` alone; returns the packed ids ``[1, T_local]``."""
+    """The three packed tensors by ``index_select`` alone, each with its own copy of the position ids (verl's calls
+    return a new one each); returns the packed ids ``[1, T_local]``."""
     packed_ids = batch.input_ids.values().index_select(0, index.pack)
     batch.labels.values().index_select(0, index.pack_rolled)
     batch.temperature.values().index_select(0, index.pack)
+    for _ in range(3):
+        index.position_ids.clone()
     return packed_ids.unsqueeze(0)
 
 
