@@ -28,6 +28,8 @@ SECTIONS = {
         "<!-- performance-engine:end -->",
     ),
 }
+# what every preprocess_thd_engine call returns beside its packed tensor: a new position-ids tensor
+ENGINE_FLOOR_EXTRA = " and a copy of the position ids each call returns"
 SMALL_BATCH_SIZES = (1, 4)
 UNITS = {
     "legacy": "one preprocess (input ids, labels and label mask packed by `preprocess_packed_seqs`) and one "
@@ -217,8 +219,9 @@ def method_text(settings: BenchSettings, machine: dict[str, Any] | None = None) 
         "by micro-batch in the same processes; times are the median of "
         f"{settings.repeats} micro-batches after {settings.warmup} untimed, then the median over {settings.runs} "
         "fresh process groups. The floors: preprocess = its three copies alone with the index given "
-        "(`index_select`), postprocess = its two all-gathers alone plus one copy each into the output. Ratios (×) are "
-        "verl's time over verl_cppack's (pre ×, post ×) or over the floor's (floor ×)."
+        f"(`index_select`){ENGINE_FLOOR_EXTRA if settings.functions == 'engine' else ''}, postprocess = its two "
+        "all-gathers alone plus one copy each into the output. Ratios (×) are verl's time over verl_cppack's (pre ×, "
+        "post ×) or over the floor's (floor ×)."
     )
     if machine:
         text += (

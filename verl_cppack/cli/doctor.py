@@ -147,9 +147,10 @@ def _one_rank_world() -> Iterator[None]:
                 dist.destroy_process_group()
 
 
-def self_check(batches: tuple[tuple[int, int], ...] = ((11, 1), (13, 2))) -> dict[str, str]:
+def self_check(batches: tuple[tuple[int, int], ...] = ((11, 1), (13, 2))) -> None:
     """Every function ``install`` replaced, called on random batches (``(seed, shortest row)``) through the runtime
-    check, which puts verl's back where they differ; returns name -> the difference, for those put back now."""
+    check, which puts verl's back where they differ (``patching.status()["put_back"]`` names them, with the
+    difference)."""
     import inspect
 
     import torch
@@ -159,7 +160,6 @@ def self_check(batches: tuple[tuple[int, int], ...] = ((11, 1), (13, 2))) -> dic
     from verl_cppack.integrations.verl.runtime_check import VerifiedDropIn
 
     originals, ours, release = patching.originals(), patching.dropin_functions(), patching.status()["release"]
-    before = set(patching.status()["put_back"])
 
     def call(name: str, *args: Any, **kwargs: Any) -> Any:
         if name not in originals:
@@ -205,7 +205,6 @@ def self_check(batches: tuple[tuple[int, int], ...] = ((11, 1), (13, 2))) -> dic
                     call(post, output(packed[1]), packed[1])
             call("build_vlm_attn_mask_thd", nested, 0)
             call("build_vlm_attn_mask_bshd", nested, batch, 0)
-    return {name: why for name, why in patching.status()["put_back"].items() if name not in before}
 
 
 def collect(verify: bool) -> dict[str, Any]:
