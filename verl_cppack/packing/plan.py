@@ -118,23 +118,22 @@ class PackPlan:
         runs = self.local_runs
         return to_device(np.repeat(runs.slot, runs.length), self.device)
 
-    @cached_property
     def _local_offsets(self) -> np.ndarray:
-        """[T_local] int64 offset of each local position inside its slot (host)."""
+        """[T_local] int64 offset of each local position inside its slot (host, a new array each call)."""
         runs = self.local_runs
         return count_up(runs.offset, runs.length)
 
     @cached_property
     def local_position_ids(self) -> torch.Tensor:
         """[T_local] int64 offset inside the slot: restarts at 0 for every sequence (padding continues the count)."""
-        return to_device(self._local_offsets.copy(), self.device)
+        return to_device(self._local_offsets(), self.device)
 
     @cached_property
     def local_token_positions(self) -> torch.Tensor:
         """[1, T_local] int64 verl's engine position ids: the offset inside the sequence at real tokens, 0 at padding
         — except, under zigzag CP, in each slot's front chunk, whose padding verl numbers with its slot offsets
         (callers that hand it out clone it)."""
-        positions = self._local_offsets.copy()
+        positions = self._local_offsets()
         padding = self._pack_index(0, False)[1]
         if self.layout.name == "zigzag" and self.ctx.cp_size > 1:
             runs = self.local_runs
@@ -180,7 +179,10 @@ class PackPlan:
 
     @cached_property
     def _stream_runs(self) -> Runs:
-        """Every rank's local stream as runs, rank 0 first: the rank-major stream an all-gather returns."""
+        """Every rank's local stream as runs, rank 0 first: the rank-major stream an all-gather returns (at CP=1 this
+        rank's)."""
+        if self.ctx.cp_size == 1:
+            return self.local_runs
         return self.layout.runs(self.tables.cu_seqlens_padded, self.ctx.cp_size, range(self.ctx.cp_size))
 
     @cached_property
