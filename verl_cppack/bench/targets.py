@@ -10,8 +10,7 @@ unit: one preprocess of ids, labels and label mask, one postprocess of log-probs
 - from B=16: preprocess ≥ 2× and postprocess ≥ 1.5× verl's speed, at every S and CP — the postprocess target re-based
   on its floor where the floor leaves less room: at most the floor's own ratio over verl divided by 1 + the noise
   (``postprocess_target``). No implementation that gathers both outputs beats its floor, and at CP=4 gloo's small
-  all-gathers make the floor itself run at about 1.2–1.6× verl's postprocess on this machine (1.24× at B=16 S=1024
-  on the engine path);
+  all-gathers keep the floor itself close to verl's postprocess time on a small CPU machine (docs/performance.md);
 - B=256: preprocess ≥ 50% of the copies-only ratio (the floor's time over ours ≥ 0.5);
 - at most 1 host sync, and the same ATen op count for every B at each S and CP;
 - peak extra memory at most 1.5× verl's (as ``counters.OpCounter`` counts it);
