@@ -12,7 +12,9 @@ every micro-batch, in one process per CP rank (``runtime.gloo_world``), each con
 - ``compiled``: the one compiled call, then the copies and a ``PackedSeqParams`` as verl fills it (no plan object,
   no cache, no checks);
 - ``compiled + cache``: the same inside the drop-ins' plan cache (the copy of the mask it compares later) with the
-  result attached to the ``PackedSeqParams``, the bookkeeping a drop-in cannot do without.
+  result attached to the ``PackedSeqParams``, the bookkeeping a drop-in cannot do without;
+- ``copy alone``: the bench's preprocess floor for this call, its one ``index_select`` with the index given (built
+  untimed): the second ratio printed, the copy's time over a contender's, is how much of a first call is the copy.
 
 Before timing, every compiled result is checked equal to the drop-in's (packed ids and padded offsets). Times are rank
 0's medians in microseconds. Usage: ``python benchmarks/probe_compiled_plan.py [--batch-size 1] [--seq-len 8192]
@@ -38,7 +40,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     numba = None
 
-CONTENDERS = ("verl", "drop-in", "compiled", "compiled + cache")
+CONTENDERS = ("verl", "drop-in", "compiled", "compiled + cache", "copy alone")
 WARMUP = 20
 
 
@@ -132,11 +134,15 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
         packed, params = apply(built, input_ids)
         return packed, attach_plan(params, built, snapshot)
 
+    def copy_alone(input_ids: torch.Tensor, built):
+        return input_ids.view(-1).index_select(0, built[2]).unsqueeze(0), apply(built, input_ids)[1]
+
     calls = {
         "verl": (verl_util.preprocess_packed_seqs, verl_util.postprocess_packed_seqs),
         "drop-in": (dropins.preprocess_packed_seqs, dropins.postprocess_packed_seqs),
         "compiled": (compiled, verl_util.postprocess_packed_seqs),
         "compiled + cache": (compiled_with_cache, verl_util.postprocess_packed_seqs),
+        "copy alone": (copy_alone, verl_util.postprocess_packed_seqs),
     }
     parallel_state.initialize_model_parallel(context_parallel_size=cp_size)
     times: dict[str, list[float]] = {name: [] for name in CONTENDERS}
@@ -154,9 +160,10 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
             for name in CONTENDERS[step % len(CONTENDERS) :] + CONTENDERS[: step % len(CONTENDERS)]:
                 preprocess, postprocess = calls[name]
                 batch = micro_batch(batch_size, seq_len, seed=step)  # new tensors for every contender
+                given = plan(batch.attention_mask) if name == "copy alone" else batch.attention_mask
                 dist.barrier()
                 start = time.perf_counter_ns()
-                packed, params = preprocess(batch.input_ids, batch.attention_mask)
+                packed, params = preprocess(batch.input_ids, given)
                 elapsed = time.perf_counter_ns() - start
                 postprocess(packed.float(), params, batch.attention_mask, batch_size, seq_len)
                 if step >= WARMUP:
@@ -172,9 +179,13 @@ def main() -> None:
         print("error: this probe needs numba (pip install numba; vLLM installs it)", file=sys.stderr)
         sys.exit(2)
     medians = run_world(_rank, args.cp, (args.batch_size, args.seq_len, args.repeats), torch_threads=1)[0]
-    print(f"B={args.batch_size} S={args.seq_len} CP={args.cp}: first preprocess call, median us (x: verl's / it)")
+    print(
+        f"B={args.batch_size} S={args.seq_len} CP={args.cp}: first preprocess call, median us "
+        "(x: verl's / it; copy: copy alone / it)"
+    )
     for name in CONTENDERS:
-        print(f"  {name:<17} {medians[name]:8.1f}  x{medians['verl'] / medians[name]:.2f}")
+        medians_of = medians["verl"] / medians[name], medians["copy alone"] / medians[name]
+        print(f"  {name:<17} {medians[name]:8.1f}  x{medians_of[0]:.2f}  copy {medians_of[1]:.0%}")
 
 
 if __name__ == "__main__":
