@@ -1,4 +1,4 @@
-"""What a compiled plan build would buy on a small micro-batch: a measurement behind a design decision, not a feature.
+"""What a leaner plan build (compiled, or straight-line numpy) would buy: a measurement behind a design decision.
 
 The drop-ins build a plan with numpy and Python on the host (mask scan, per-sequence tables, the layout's cut, the read
 index: ~100 numpy calls and ~110 Python calls on the first call of a micro-batch). This probe builds the same packed
@@ -9,6 +9,8 @@ every micro-batch, in one process per CP rank (``runtime.gloo_world``), each con
 
 - ``verl``: verl's own function;
 - ``drop-in``: verl_cppack's;
+- ``straight-line numpy``: the same build as numpy calls in one function (no plan object, no cache, no checks but
+  the rows' one-run check), then what ``compiled`` does after it: the least a host-built numpy plan can do;
 - ``compiled``: the one compiled call, then the copies and a ``PackedSeqParams`` as verl fills it (no plan object,
   no cache, no checks);
 - ``compiled + cache``: the same inside the drop-ins' plan cache (the copy of the mask it compares later) with the
@@ -16,7 +18,7 @@ every micro-batch, in one process per CP rank (``runtime.gloo_world``), each con
 - ``copy alone``: the bench's preprocess floor for this call, its one ``index_select`` with the index given (built
   untimed): the second ratio printed, the copy's time over a contender's, is how much of a first call is the copy.
 
-Before timing, every compiled result is checked equal to the drop-in's (packed ids and padded offsets). Times are rank
+Before timing, every compiled and straight-line result is checked equal to the drop-in's (packed ids and padded offsets). Times are rank
 0's medians in microseconds. Usage: ``python benchmarks/probe_compiled_plan.py [--batch-size 1] [--seq-len 8192]
 [--cp 2] [--repeats 150]``. It prints a table and asserts nothing about speed (this is not a test).
 """
@@ -40,7 +42,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the environment
     numba = None
 
-CONTENDERS = ("verl", "drop-in", "compiled", "compiled + cache", "copy alone")
+CONTENDERS = ("verl", "drop-in", "straight-line numpy", "compiled", "compiled + cache", "copy alone")
 WARMUP = 20
 
 
@@ -84,6 +86,32 @@ def _plan_kernel(mask, cp_size, cp_rank, slot_multiple):
     return one_run, seqlens, cu_padded, index, zeros[:num_zeros].copy()
 
 
+def _straight_line_plan(mask, cp_size, cp_rank, slot_multiple):
+    """``_plan_kernel``'s results from numpy calls in a straight line (no loop)."""
+    rows, columns = mask.shape
+    seqlens = mask.sum(axis=1)  # [B] int64
+    first = mask.argmax(axis=1)
+    last = (columns - 1) - mask[:, ::-1].argmax(axis=1)
+    one_run = not ((last - first + 1 != seqlens) & (seqlens > 0)).any()
+    slots = (seqlens + slot_multiple - 1) // slot_multiple * slot_multiple  # [B] padded lengths
+    cu_padded = np.zeros(rows + 1, np.int64)
+    np.cumsum(slots, out=cu_padded[1:])
+    source = np.arange(rows) * columns + first  # [B] flat position of each row's first token
+    if cp_size > 1:  # this rank's two zigzag chunks of every slot: runs [B, 2]
+        chunk = slots // (2 * cp_size)
+        offsets = np.stack([cp_rank * chunk, (2 * cp_size - 1 - cp_rank) * chunk], 1).reshape(-1)
+        lengths, source = np.repeat(chunk, 2), np.repeat(source, 2) + offsets
+        tokens = np.clip(np.repeat(seqlens, 2) - offsets, 0, lengths)  # [2B] real tokens of each run
+    else:
+        lengths, tokens = slots, seqlens
+    starts = np.cumsum(lengths) - lengths
+    index = np.repeat(source - starts, lengths) + np.arange(int(lengths.sum()))
+    np.minimum(index, rows * columns - 1, out=index)  # padding reads an in-range row, zeroed after
+    padding = lengths - tokens
+    zeros = np.repeat(starts + tokens - (np.cumsum(padding) - padding), padding) + np.arange(int(padding.sum()))
+    return one_run, seqlens, cu_padded.astype(np.int32), index, zeros
+
+
 def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, float]:
     batch_size, seq_len, repeats = settings
     keep_freed_memory()
@@ -99,10 +127,10 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
     kernel = numba.njit(cache=True, nogil=True)(_plan_kernel)
     cache = TensorKeyedCache()
 
-    def plan(attention_mask: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(longest sequence, cu_seqlens_padded [B+1] int32, read index [T/CP] int32, zero positions or None)."""
+    def plan(attention_mask: torch.Tensor, build=kernel) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(longest sequence, cu_seqlens_padded [B+1] int32, read index [T/CP], zero positions or None)."""
         ctx = megatron_context()
-        one_run, seqlens, cu_padded, index, zeros = kernel(
+        one_run, seqlens, cu_padded, index, zeros = build(
             attention_mask.numpy(), ctx.cp_size, ctx.cp_rank, ctx.default_slot_multiple
         )
         if not one_run:
@@ -129,6 +157,9 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
     def compiled(input_ids: torch.Tensor, attention_mask: torch.Tensor):
         return apply(plan(attention_mask), input_ids)
 
+    def straight_line(input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        return apply(plan(attention_mask, _straight_line_plan), input_ids)
+
     def compiled_with_cache(input_ids: torch.Tensor, attention_mask: torch.Tensor):
         built, snapshot = cache.entry(attention_mask, "probe", lambda: plan(attention_mask))
         packed, params = apply(built, input_ids)
@@ -140,6 +171,7 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
     calls = {
         "verl": (verl_util.preprocess_packed_seqs, verl_util.postprocess_packed_seqs),
         "drop-in": (dropins.preprocess_packed_seqs, dropins.postprocess_packed_seqs),
+        "straight-line numpy": (straight_line, verl_util.postprocess_packed_seqs),
         "compiled": (compiled, verl_util.postprocess_packed_seqs),
         "compiled + cache": (compiled_with_cache, verl_util.postprocess_packed_seqs),
         "copy alone": (copy_alone, verl_util.postprocess_packed_seqs),
@@ -148,15 +180,16 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
     times: dict[str, list[float]] = {name: [] for name in CONTENDERS}
     try:
         for step in range(WARMUP + repeats):
-            if step < WARMUP:  # untimed: the compiled build must pack exactly what the drop-in packs
+            if step < WARMUP:  # untimed: the compiled and straight-line builds must pack what the drop-in packs
                 batch = micro_batch(batch_size, seq_len, seed=step)
                 ours, our_params = dropins.preprocess_packed_seqs(batch.input_ids, batch.attention_mask)
-                theirs, their_params = compiled(batch.input_ids, batch.attention_mask)
-                if not (
-                    torch.equal(ours, theirs)
-                    and torch.equal(our_params.cu_seqlens_q_padded, their_params.cu_seqlens_q_padded)
-                ):
-                    raise AssertionError(f"the compiled build packs another stream than the drop-in (step {step})")
+                for build in (compiled, straight_line):
+                    theirs, their_params = build(batch.input_ids, batch.attention_mask)
+                    if not (
+                        torch.equal(ours, theirs)
+                        and torch.equal(our_params.cu_seqlens_q_padded, their_params.cu_seqlens_q_padded)
+                    ):
+                        raise AssertionError(f"{build.__name__} packs another stream than the drop-in (step {step})")
             for name in CONTENDERS[step % len(CONTENDERS) :] + CONTENDERS[: step % len(CONTENDERS)]:
                 preprocess, postprocess = calls[name]
                 batch = micro_batch(batch_size, seq_len, seed=step)  # new tensors for every contender
@@ -185,7 +218,7 @@ def main() -> None:
     )
     for name in CONTENDERS:
         medians_of = medians["verl"] / medians[name], medians["copy alone"] / medians[name]
-        print(f"  {name:<17} {medians[name]:8.1f}  x{medians_of[0]:.2f}  copy {medians_of[1]:.0%}")
+        print(f"  {name:<19} {medians[name]:8.1f}  x{medians_of[0]:.2f}  copy {medians_of[1]:.0%}")
 
 
 if __name__ == "__main__":
