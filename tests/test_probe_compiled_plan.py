@@ -52,4 +52,5 @@ def test_the_compiled_build_packs_what_the_drop_in_packs(cp_size, batch_size):
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"B={batch_size} S=256 CP={cp_size}: first preprocess call")
-    assert [line.split()[0] for line in lines[1:]] == ["verl", "drop-in", "straight-line", "compiled", "compiled", "copy"]
+    rows = ["verl", "drop-in", "straight-line", "compiled", "compiled", "copy"]
+    assert [line.split()[0] for line in lines[1:]] == rows
