@@ -165,8 +165,9 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
         packed, params = apply(built, input_ids)
         return packed, attach_plan(params, built, snapshot)
 
-    def copy_alone(input_ids: torch.Tensor, built):
-        return input_ids.view(-1).index_select(0, built[2]).unsqueeze(0), apply(built, input_ids)[1]
+    def copy_alone(input_ids: torch.Tensor, prepared):
+        built, params = prepared  # made untimed: the index and what the postprocess needs
+        return input_ids.view(-1).index_select(0, built[2]).unsqueeze(0), params
 
     calls = {
         "verl": (verl_util.preprocess_packed_seqs, verl_util.postprocess_packed_seqs),
@@ -193,7 +194,10 @@ def _rank(rank: int, cp_size: int, settings: tuple[int, int, int]) -> dict[str, 
             for name in CONTENDERS[step % len(CONTENDERS) :] + CONTENDERS[: step % len(CONTENDERS)]:
                 preprocess, postprocess = calls[name]
                 batch = micro_batch(batch_size, seq_len, seed=step)  # new tensors for every contender
-                given = plan(batch.attention_mask) if name == "copy alone" else batch.attention_mask
+                given = batch.attention_mask
+                if name == "copy alone":
+                    built = plan(batch.attention_mask)
+                    given = built, apply(built, batch.input_ids)[1]
                 dist.barrier()
                 start = time.perf_counter_ns()
                 packed, params = preprocess(batch.input_ids, given)
