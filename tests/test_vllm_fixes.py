@@ -460,6 +460,18 @@ def test_ports_the_user_chose_for_vllm_are_left_to_vllm(multiproc_executor, monk
         assert port == free
 
 
+def test_where_no_ipv4_port_can_be_held_the_executor_gets_vllms_own(multiproc_executor, monkeypatch):
+    """A host without IPv4: ``held_port`` cannot bind, and vLLM's own choice (which tries IPv6) stands."""
+    vllm_fixes.vllm_executor_port_held(multiproc_executor)
+
+    def no_ipv4():
+        raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+
+    monkeypatch.setattr(vllm_fixes, "held_port", no_ipv4)
+    port = multiproc_executor.get_open_port()
+    assert 0 < port < 65536 and _bind(port) == 0
+
+
 def _get_open_port_of_vllm_0_27():
     return _get_open_port()  # noqa: F821
 

@@ -330,4 +330,7 @@ def vllm_executor_port_held(module: ModuleType) -> None:
     def get_open_port():
         if any(os.environ.get(name) for name in USER_CHOSEN_PORT_ENVS):
             return original()
-        return held_port()
+        try:
+            return held_port()
+        except OSError:  # no IPv4 here: vLLM's own tries IPv6
+            return original()
