@@ -416,6 +416,13 @@ def _bind(port: int) -> int:
     return 0
 
 
+def _port_zero() -> int:
+    """The number a port-0 bind is given (socket closed): what other processes' probes get."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.bind(("", 0))
+        return other.getsockname()[1]
+
+
 def test_vllms_own_executor_port_is_free_for_anyone_to_take_once_chosen(multiproc_executor):
     """The race the fix closes: the number vLLM's executor hands its workers is bound by nobody once chosen, so
     any process may take it in the seconds before the workers' ``TCPStore`` listens (EADDRINUSE)."""
@@ -429,12 +436,7 @@ def test_with_the_fix_the_executor_port_is_taken_by_nobody_else_yet_the_workers_
     vllm_fixes.vllm_executor_port_held(multiproc_executor)
     port = multiproc_executor.get_open_port()
     assert _bind(port) == errno.EADDRINUSE
-    given = set()
-    for _ in range(2000):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
-            other.bind(("", 0))
-            given.add(other.getsockname()[1])
-    assert port not in given
+    assert port not in {_port_zero() for _ in range(2000)}
     worker = (
         "import torch.distributed as dist\n"
         f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', rank=0, world_size=1)\n"
@@ -449,9 +451,7 @@ def test_with_the_fix_the_executor_port_is_taken_by_nobody_else_yet_the_workers_
 def test_ports_the_user_chose_for_vllm_are_left_to_vllm(multiproc_executor, monkeypatch, name):
     """With ``VLLM_PORT`` (or a data-parallel master port) set, vLLM's own choice stands and nothing is held."""
     vllm_fixes.vllm_executor_port_held(multiproc_executor)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        free = probe.getsockname()[1]
+    free = _port_zero()
     monkeypatch.setenv(name, str(free))
     held = len(vllm_fixes.HELD_PORTS)
     port = multiproc_executor.get_open_port()

@@ -304,8 +304,12 @@ def held_port() -> int:
     other port-0 bind and no outgoing connection, while a ``SO_REUSEADDR`` listener (torch's ``TCPStore``) may take
     it."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("", 0))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("", 0))
+    except OSError:
+        sock.close()
+        raise
     HELD_PORTS.append(sock)
     return sock.getsockname()[1]
 
