@@ -32,7 +32,8 @@ if [ -f "$stamp" ]; then
 fi
 step() { echo "bootstrap ($STACK): $*"; }
 [ -x "$VENV/bin/python" ] || { step "creating $VENV with $PYTHON"; "$PYTHON" -m venv "$VENV"; }
-PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+# --no-cache-dir: a fresh machine's disk holds the two venvs (~10 GB), not a second copy of every wheel beside them
+PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir)
 log="$(mktemp)"
 run_pip() {
   if ! "${PIP[@]}" "$@" >"$log" 2>&1; then
