@@ -149,6 +149,7 @@ def test_the_vlm_mask_builders_are_measured_at_cp_1():
         assert small["verl_cppack"]["aten_ops"] == large["verl_cppack"]["aten_ops"]
         assert small["verl_cppack"]["host_syncs"] == large["verl_cppack"]["host_syncs"] == 1
         assert small["verl"]["host_syncs"] < large["verl"]["host_syncs"]
+        assert small["verl"]["ms_spread"] == 0.0  # one timed call per run: no spread (the noise --strict allows)
     section = performance_section(vlm_rows, BenchSettings(repeats=1), None)
     assert "VLM mask builders" in section and "| 64 | 32 |" in section
 

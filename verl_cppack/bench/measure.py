@@ -40,7 +40,7 @@ from verl_cppack.bench.floors import (
     preprocess_floor,
 )
 from verl_cppack.bench.host_allocator import keep_freed_memory
-from verl_cppack.bench.ratios import ratios
+from verl_cppack.bench.ratios import ratios, spread
 from verl_cppack.bench.settings import BenchSettings
 from verl_cppack.bench.vlm_masks import measure_vlm_masks
 from verl_cppack.runtime.gloo_world import run_world
@@ -236,15 +236,6 @@ def measure_point(
     point["verl_cppack"].update(post_init_cost(contenders["verl_cppack"], counted_batch.clone()))
     point["batch"] = {"mean_real_tokens": statistics.mean(real_tokens[settings.warmup : -1])}  # the timed ones
     return point
-
-
-def spread(times: list[float]) -> float:
-    """The relative interquartile range of one contender's timed micro-batches at a point, ``(P75 - P25) / P50``
-    (``statistics.quantiles``, exclusive method; 0 with fewer than two): how much its own times scatter in a run."""
-    if len(times) < 2:
-        return 0.0
-    low, middle, high = statistics.quantiles(times, n=4)
-    return (high - low) / middle
 
 
 # ------------------------------------------------------------------ one CP group

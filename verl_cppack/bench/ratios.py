@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,6 +21,15 @@ def ratios(row: dict[str, Any]) -> dict[str, float]:
         "preprocess_of_floor": floor["preprocess_ms"] / ours["preprocess_ms"],
         "postprocess_above_floor_ms": ours["postprocess_ms"] - floor["postprocess_ms"],
     }
+
+
+def spread(times: list[float]) -> float:
+    """The relative interquartile range of one contender's timed calls at a point, ``(P75 - P25) / P50``
+    (``statistics.quantiles``, exclusive method; 0 with fewer than two): how much its own times scatter in a run."""
+    if len(times) < 2:
+        return 0.0
+    low, middle, high = statistics.quantiles(times, n=4)
+    return (high - low) / middle
 
 
 def span(values: list[float], digits: int = 1) -> str:

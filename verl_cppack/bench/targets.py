@@ -6,7 +6,7 @@ unit: one preprocess of ids, labels and label mask, one postprocess of log-probs
 
 - B=1: never slower than verl by more than the noise of the same run, preprocess and postprocess apart: ours ≤
   verl × (1 + noise). The noise of a stage at a point is the relative interquartile range of verl's own timed
-  micro-batches there, (P75 − P25) / P50 (``measure.spread``), the median over the runs;
+  micro-batches there, (P75 − P25) / P50 (``ratios.spread``), the median over the runs;
 - from B=16: preprocess ≥ 2× and postprocess ≥ 1.5× verl's speed, at every S and CP — the postprocess target re-based
   on its floor where the floor leaves less room: at most the floor's own ratio over verl divided by 1 + the noise
   (``postprocess_target``). No implementation that gathers both outputs beats its floor, and at CP=4 gloo's small
@@ -14,7 +14,8 @@ unit: one preprocess of ids, labels and label mask, one postprocess of log-probs
 - B=256: preprocess ≥ 50% of the copies-only ratio (the floor's time over ours ≥ 0.5);
 - at most 1 host sync, and the same ATen op count for every B at each S and CP;
 - peak extra memory at most 1.5× verl's (as ``counters.OpCounter`` counts it);
-- VLM mask builders (CP=1 rows): at most 1 host sync per call, never slower than verl's.
+- VLM mask builders (CP=1 rows): at most 1 host sync per call, never slower than verl's by more than the noise, as at
+  B=1 (the relative interquartile range of verl's own timed calls of the builder at that point).
 
 Stretch target (``stretch_missed``; printed, never fails ``--strict``; the code does not meet it today): B=1
 preprocess ≥ 2× verl's speed at every S and CP — at B=1 a preprocess is mostly the plan's fixed host cost (tens of
@@ -118,8 +119,12 @@ def _vlm_targets(row: dict[str, Any]) -> list[str]:
         point = f"VLM {builder} B={row['batch_size']} S={row['seq_len']}"
         if ours["host_syncs"] > MAX_HOST_SYNCS:
             missed.append(f"{point}: {ours['host_syncs']} host syncs per call (target ≤ {MAX_HOST_SYNCS})")
-        if ours["ms"] > verl["ms"]:
-            missed.append(f"{point}: {verl['ms'] / ours['ms']:.2f}× verl's speed (target: never slower)")
+        noise = verl.get("ms_spread", 0.0)  # verl's own calls' spread there, as at B=1 of the packing unit
+        if ours["ms"] > verl["ms"] * (1 + noise):
+            missed.append(
+                f"{point}: {verl['ms'] / ours['ms']:.2f}× verl's speed, slower than verl by more than its own spread "
+                f"in this run ({noise:.0%}; target: within the noise)"
+            )
     return missed
 
 
