@@ -1,21 +1,15 @@
-"""Measuring for ``verl-cppack bench`` (reporting: ``report.py``): a micro-batch's packing work, verl's functions
-against verl_cppack's drop-ins and against the floor (``floors.py``).
+"""Measuring for ``verl-cppack bench`` (reporting: ``report.py``; the method: docs/performance.md): a micro-batch's
+packing work, verl's functions against verl_cppack's drop-ins and against the floor (``floors.py``).
 
-The unit is what verl's Megatron forward does around the model per micro-batch: one preprocess (pack
-``input_ids``, labels and the label mask: three ``preprocess_packed_seqs`` calls) and one postprocess (gather back
-log-probs and entropy: two ``postprocess_packed_seqs`` calls, all-gather included). Every micro-batch is a **new
-batch**: new mask, ids, labels and label-mask tensors with new lengths (as in training), so no plan of an earlier
-micro-batch can be reused; each contender gets its own copy of the same values. verl, verl_cppack and the floor
-run in the same processes, one micro-batch each in turn (the order rotates every micro-batch), inside real gloo
-CP groups (one process per CP rank, ``runtime.gloo_world.run_world``). Times are rank 0's: medians over the timed
-micro-batches, then over runs (fresh process groups). A postprocess starts together on every rank (its all-gathers
-need them all); a preprocess, which communicates nothing, runs on one rank at a time while the others wait at a
-barrier: on a cluster every rank has CPU cores of its own, where here CP ranks would share the machine's two.
+The unit: one preprocess (three ``preprocess_packed_seqs`` calls: ids, labels, label mask) and one postprocess (two
+``postprocess_packed_seqs`` calls: log-probs, entropy, all-gather included), on a **new batch** every micro-batch
+(each contender its own copy of the same values), the contenders in turn (the order rotating), in real gloo CP groups
+(``runtime.gloo_world.run_world``). Times are rank 0's: medians over the timed micro-batches, then over runs. A
+preprocess runs on one rank at a time while the others wait at a barrier (here CP ranks share two cores).
 
-Also counted, once per point on one more new batch: ATen ops dispatched, host syncs (ops that sync on an
-accelerator, plus ``Tensor.tolist`` and verl_cppack's one host read) and peak extra memory (bytes of the tensors
-made inside the unit, verl_cppack's host tables included, alive at once: ``counters.OpCounter``); at CP=1 verl's
-VLM mask builders against the drop-ins (``vlm_masks.py``).
+Also counted, once per point on one more new batch: ATen ops, host syncs (ops that sync on an accelerator, plus
+``Tensor.tolist`` and verl_cppack's one host read) and peak extra memory (``counters.OpCounter``); at CP=1 verl's VLM
+mask builders against the drop-ins (``vlm_masks.py``).
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
-"""The performance targets ``verl-cppack bench --strict`` checks, as functions over the bench's rows.
+"""The performance targets ``verl-cppack bench --strict`` checks, as functions over the bench's rows (one (B, S, CP)
+point each, ``measure.py``; times are medians); docs/performance.md tabulates them. Per micro-batch:
 
-Each row is one (B, S, CP) point (``measure.py``); times are medians. The targets, per micro-batch (the bench's
-unit: one preprocess of ids, labels and label mask, one postprocess of log-probs and entropy), set where the floors
-(``floors.py``: the copies and all-gathers alone) leave room:
+- B=1 (and every VLM mask builder call): ours ≤ verl × (1 + noise), the noise being the relative interquartile range
+  of verl's own timed calls at that point (``ratios.spread``), the median over the runs;
+- from B=16: preprocess ≥ 2× and postprocess ≥ 1.5× verl's speed, the latter re-based where the floor (``floors.py``)
+  leaves less room: the floor's own ratio over 1 + the noise (``postprocess_target``);
+- B=256: preprocess ≥ 50% of the copies-only ratio; at every point ≤ 1 host sync, the same ATen op count for every B,
+  peak extra memory ≤ 1.5× verl's (``counters.OpCounter``); VLM builders ≤ 1 host sync per call.
 
-- B=1: never slower than verl by more than the noise of the same run, preprocess and postprocess apart: ours ≤
-  verl × (1 + noise). The noise of a stage at a point is the relative interquartile range of verl's own timed
-  micro-batches there, (P75 − P25) / P50 (``ratios.spread``), the median over the runs;
-- from B=16: preprocess ≥ 2× and postprocess ≥ 1.5× verl's speed, at every S and CP — the postprocess target re-based
-  on its floor where the floor leaves less room: at most the floor's own ratio over verl divided by 1 + the noise
-  (``postprocess_target``). No implementation that gathers both outputs beats its floor, and at CP=4 gloo's small
-  all-gathers keep the floor itself close to verl's postprocess time on a small CPU machine (docs/performance.md);
-- B=256: preprocess ≥ 50% of the copies-only ratio (the floor's time over ours ≥ 0.5);
-- at most 1 host sync, and the same ATen op count for every B at each S and CP;
-- peak extra memory at most 1.5× verl's (as ``counters.OpCounter`` counts it);
-- VLM mask builders (CP=1 rows): at most 1 host sync per call, never slower than verl's by more than the noise, as at
-  B=1 (the relative interquartile range of verl's own timed calls of the builder at that point).
-
-Stretch target (``stretch_missed``; printed, never fails ``--strict``; the code does not meet it today): B=1
-preprocess ≥ 2× verl's speed at every S and CP — at B=1 a preprocess is mostly the plan's fixed host cost (tens of
-numpy calls), which this would have to halve again.
+Stretch target (``stretch_missed``; printed, never fails ``--strict``; not met today): B=1 preprocess ≥ 2× verl's.
 """
 
 from __future__ import annotations

@@ -45,9 +45,8 @@ def _counted(impl: Any, builder: str, nested: torch.Tensor) -> dict[str, int]:
 def measure_vlm_masks(
     verl_util: Any, ours: Any, batch_size: int, seq_len: int, repeats: int, warmup: int, device: str = "cpu"
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """``{builder: {"verl": ..., "verl_cppack": ...}}``: median ms per call, the relative spread of those calls
-    (``ms_spread``: ``ratios.spread``), then the counts. The implementations' calls alternate on copies of the same new
-    batch, so both see the same machine and allocator state."""
+    """``{builder: {"verl": ..., "verl_cppack": ...}}``: median ms per call, their spread (``ms_spread``), the counts.
+    The calls alternate on copies of the same new batch: both see the same machine and allocator state."""
     impls = {"verl": verl_util, "verl_cppack": ours}
     names = list(impls)
     measured = {}
@@ -63,11 +62,8 @@ def measure_vlm_masks(
                     times[name].append(time.perf_counter() - begin)
         counted = jagged_batch(batch_size, seq_len, warmup + repeats, device)
         measured[builder] = {
-            name: {
-                "ms": statistics.median(times[name]) * 1e3,
-                "ms_spread": spread(times[name]),
-                **_counted(impl, builder, _copy(counted)),
-            }
+            name: {"ms": statistics.median(times[name]) * 1e3, "ms_spread": spread(times[name])}
+            | _counted(impl, builder, _copy(counted))
             for name, impl in impls.items()
         }
     return measured
