@@ -68,7 +68,7 @@ def test_the_device_scan_reads_its_statistics_as_one_tensor():
     read in one copy: no concatenation, no conversion, nothing per row (run here on CPU tensors)."""
     _, mask = rollout_batch(16, 64)
     with OpCounter() as counter, HostReadCounter() as reads:
-        counts, first, last = MaskRows(mask).scan(on_host=False)
+        counts, first, last = MaskRows(mask).scan()
     assert counts.tolist() == mask.sum(1).tolist() and reads.calls == 1
     assert counter.ops["aten.stack"] == 1 and "aten.cat" not in counter.ops and "aten._to_copy" not in counter.ops
     assert counter.total_ops <= 9, dict(counter.ops)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from verl_cppack import Alignment, ParallelContext, plan_from_lengths, plan_from_mask, plan_from_nested
+from verl_cppack.packing.builders import plan_from_checked_mask
 from verl_cppack.packing.mask_rows import MaskRows
 
 CP2 = ParallelContext(cp_size=2, cp_rank=0)
@@ -44,18 +45,17 @@ def test_attention_mask(mask, error, match):
         plan_from_mask(mask, CP2)
 
 
-@pytest.mark.parametrize("scan_on_host", [True, False], ids=["numpy-scan", "device-scan"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-build", "tensor-scan"])
 @pytest.mark.parametrize(
     "mask, found",
     [(torch.tensor([[1, 2, 0], [2, 2, 1]]), 3), (torch.tensor([[1, -1, 0], [0, 1, 1]], dtype=torch.int8), 1)],
 )
-def test_mask_values_other_than_0_and_1_are_counted_by_either_scan(scan_on_host, mask, found):
-    """Both scans (numpy on a CPU mask, tensor ops where an accelerator holds it) count every offending entry."""
+def test_mask_values_other_than_0_and_1_are_counted_by_either_scan(compiled, mask, found):
+    """Both scans (a CPU mask's compiled build, the tensor ops an accelerator runs) count every offending entry."""
     with pytest.raises(ValueError, match=f"values must be 0 or 1; found {found} offending"):
-        MaskRows(mask).scan(on_host=scan_on_host)
-    if scan_on_host:  # the planner's own scan of a CPU mask
-        with pytest.raises(ValueError, match=f"values must be 0 or 1; found {found} offending"):
-            plan_from_mask(mask, CP2)
+        plan_from_checked_mask(mask, CP2, compiled=compiled)
+    with pytest.raises(ValueError, match=f"values must be 0 or 1; found {found} offending"):
+        MaskRows(mask).scan()
     valid = (mask == 1).to(mask.dtype)  # the same rows as 0/1 integers: planned like the bool mask
     assert plan_from_mask(valid, CP2).tables.seqlens.tolist() == (mask == 1).sum(1).tolist()
 

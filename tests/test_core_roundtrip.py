@@ -200,8 +200,8 @@ def test_one_plan_serves_every_tensor_of_the_micro_batch():
 
 @st.composite
 def wide_masks(draw):
-    """Wide and narrow rows (S up to 8192, odd widths too; from 16 K columns in all the scan reads 8 columns at a
-    time), runs that start and end anywhere, gapped, empty and full rows; also a view at a storage offset."""
+    """Wide and narrow rows (S up to 8192, odd widths too; where S is a multiple of 8 the compiled build reads 8
+    columns at a time), runs that start and end anywhere, gapped, empty and full rows; also a view at a storage offset."""
     seq_len = draw(st.sampled_from([8, 16, 1016, 1024, 2056, 13, 100, 4104, 4099, 8192]))
     rows = []
     for _ in range(draw(st.integers(1, 5))):
@@ -224,8 +224,8 @@ def wide_masks(draw):
 @settings(max_examples=80, deadline=None)
 @given(case=wide_masks(), cp_size=st.sampled_from([1, 2]))
 def test_wide_masks_count_and_pack_like_the_oracle(case, cp_size):
-    """The mask scan (count, first and last token per row) agrees with a per-row count and the oracle, run by
-    numpy on a CPU mask's memory and by tensor ops (what an accelerator runs)."""
+    """The mask scan (count, first and last token per row, by tensor ops: what an accelerator runs) agrees with a
+    per-row count, and the plan (a CPU mask's compiled build) packs like the oracle."""
     _check_wide_mask(*case, cp_size)
 
 
@@ -236,12 +236,11 @@ def _check_wide_mask(mask, offset_view, cp_size):
         mask_tensor = torch.cat([torch.zeros(1, seq_len, dtype=torch.bool), mask_tensor])[1:]
     x = torch.arange(batch_size * seq_len).view(batch_size, seq_len)
     lengths = [sum(row) for row in mask]
-    for on_host in (True, False):  # each row's token count, first and last token column
-        counts, first, last = MaskRows(mask_tensor).scan(on_host=on_host)
-        assert counts.tolist() == lengths
-        for row, row_first, row_last in zip(mask, first, last):
-            if any(row):
-                assert (row_first, row_last) == (row.index(1), seq_len - 1 - row[::-1].index(1))
+    counts, first, last = MaskRows(mask_tensor).scan()  # each row's token count, first and last token column
+    assert counts.tolist() == lengths
+    for row, row_first, row_last in zip(mask, first, last):
+        if any(row):
+            assert (row_first, row_last) == (row.index(1), seq_len - 1 - row[::-1].index(1))
     slot_multiple, stream_multiple = _oracle_alignment(1, cp_size, False)
     cu_padded = oracle.offsets(oracle.padded_lengths(lengths, slot_multiple, stream_multiple))
     stream = oracle.stream_of_rows(mask, oracle.padded_lengths(lengths, slot_multiple, stream_multiple))

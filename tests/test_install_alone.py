@@ -1,7 +1,8 @@
 """verl_cppack installs into a Python environment that has torch alone, and its core runs there.
 
 A fresh virtual environment (no system site packages), ``pip install torch==2.13.0``, then ``pip install`` of this
-repository without extras: the declared dependencies are all the core needs (numpy and packaging come with it).
+repository without extras: the declared dependencies are all the core needs (numpy, numba and packaging come with
+it).
 README's core example runs there with the values its comments promise; what needs megatron-core or verl says what
 to install, in one ``ImportError``.
 """
@@ -87,7 +88,7 @@ def test_the_core_example_runs_with_torch_alone(venv_python, tmp_path):
     }
     assert report["got"] == report["promised"]
     installed = set(report["installed"])
-    assert {"torch", "numpy", "packaging", "verl-cppack"} <= installed
+    assert {"torch", "numpy", "numba", "packaging", "verl-cppack"} <= installed
     assert not installed & {"verl", "megatron-core", "ray"}, installed
 
 

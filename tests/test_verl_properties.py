@@ -142,3 +142,26 @@ def test_a_source_dying_never_changes_the_cache_under_its_own_loops():
     assert list(cache._entries.items()) == entries and cache._snapshots == snapshots
     assert cache.find(torch.ones(2, 3, dtype=torch.bool), lambda value: True) is None
     assert len(cache._entries) == 0 and not cache._snapshots
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 4), st.sampled_from(["a", "b", "c"]), st.booleans()), max_size=40))
+def test_plan_cache_bookkeeping_stays_consistent_through_hits_evictions_and_deaths(steps):
+    """After any sequence of lookups (a source, an extra key) and deaths: at most ``capacity`` entries, each on the
+    snapshot its live source has registered; no snapshot registered without an entry; a hit is the value built for
+    that very source and key."""
+    from verl_cppack.integrations.verl.plan_cache import TensorKeyedCache
+
+    cache = TensorKeyedCache(capacity=3)
+    sources: dict[int, torch.Tensor] = {}
+    for source_id, key, dies in steps:
+        source = sources.setdefault(source_id, torch.ones(2, 3, dtype=torch.bool))
+        made = (id(source), key)
+        assert cache.entry(source, key, lambda made=made: made)[0] == made
+        if dies:
+            del sources[source_id], source
+        cache.lookup(torch.ones(1, 1, dtype=torch.bool), "other")  # a call: the dead sources' entries go
+        assert len(cache._entries) <= 3
+        for (address, version, entry_key), snapshot in cache._entries.items():
+            assert cache._snapshots[address, version] is snapshot and entry_key in snapshot.values
+        assert {entry[:2] for entry in cache._entries} == set(cache._snapshots)

@@ -11,7 +11,9 @@ back in one copy. No Python loop over sequences. A mask is scanned where it live
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,11 +58,24 @@ def plan_from_checked_mask(
     layout: LayoutName | Layout = "zigzag",
     alignment: Alignment | int | None = None,
     fp8: bool = False,
+    *,
+    compiled: bool = True,
 ) -> PackPlan:
     """``plan_from_mask`` for a mask that already passed ``core.checks.require_mask`` (the drop-ins check theirs
-    once, under the caller's argument name)."""
+    once, under the caller's argument name). ``compiled``: a CPU mask's tables and pack index in one compiled call
+    where it applies (``packing.compiled``); ``False``: numpy's calls alone (the two agree, value for value)."""
     ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
-    return _plan_from_mask_rows(ctx, layout_, alignment_, MaskRows(attention_mask))
+    return _plan_from_mask_rows(ctx, layout_, alignment_, MaskRows(attention_mask), compiled)
+
+
+@functools.cache
+def _compiled_module() -> Any:
+    """``packing.compiled``, or None where numba is not installed or cannot set up (no directory to cache in...)."""
+    try:
+        from verl_cppack.packing import compiled
+    except (ImportError, RuntimeError):
+        return None
+    return compiled
 
 
 def plan_from_lengths(
@@ -134,8 +149,17 @@ def _plan_from_mask_rows(
     layout: Layout,
     alignment: Alignment,
     mask_rows: MaskRows,  # the token mask of a padded [B, S] source: row b is sequence b
+    compiled: bool = True,
 ) -> PackPlan:
     """A padded batch: each row's tokens, from its first token (one run) or by rank in row-major order (gaps)."""
+    cut_here = mask_rows.device.type == "cpu" and (ctx.cp_size == 1 or layout.name == "zigzag")
+    kernel = _compiled_module() if compiled and cut_here else None
+    found = kernel and kernel.mask_plan_tables(host.host_memory(mask_rows.given), alignment, ctx.cp_size, ctx.cp_rank)
+    if found:
+        *tables, index, zero_positions = found
+        plan = _plan_of(ctx, layout, alignment, SequenceTables(*tables), mask_rows.shape, mask_rows.device)
+        plan._copies["index", 0, False] = index, zero_positions  # what plan._pack_index(0, False) would build
+        return plan
     seqlens_host, first_column, last_column = mask_rows.scan()  # the plan's one device->host read
     source_shape = mask_rows.shape
     device = mask_rows.device
@@ -195,24 +219,39 @@ def _assemble(
         raise ValueError("the batch has zero valid tokens: there is nothing to pack; skip this micro-batch")
     seqlens_padded = alignment.pad(seqlens_host)
     cu_seqlens, cu_seqlens_padded = run_offsets(seqlens_host), run_offsets(seqlens_padded)
-    num_valid_tokens, total_length = int(cu_seqlens[-1]), int(cu_seqlens_padded[-1])
-    if total_length >= 2**31:
-        raise ValueError(f"the packed stream holds {total_length} positions; THD offsets are int32: split the batch")
+    if int(cu_seqlens_padded[-1]) >= 2**31:
+        raise ValueError(
+            f"the packed stream holds {int(cu_seqlens_padded[-1])} positions; THD offsets are int32: split the batch"
+        )
     if sequence_start_host is None:
         sequence_start_host = cu_seqlens[:-1]
+    tables = SequenceTables(seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded, sequence_start_host)
+    return _plan_of(ctx, layout, alignment, tables, source_shape, device, token_rows)
+
+
+def _plan_of(
+    ctx: ParallelContext,
+    layout: Layout,
+    alignment: Alignment,
+    tables: SequenceTables,
+    source_shape: tuple[int, int] | None,
+    device: torch.device,
+    token_rows: torch.Tensor | None = None,
+) -> PackPlan:
+    total_length = int(tables.cu_seqlens_padded[-1])
     return PackPlan(
         ctx=ctx,
         layout=layout,
         alignment=alignment,
-        batch_size=int(seqlens_host.size),
+        batch_size=int(tables.seqlens.size),
         source_shape=source_shape,
-        cu_seqlens_padded=host.to_device(cu_seqlens_padded, device, torch.int32),
-        max_seqlen=longest,
-        max_seqlen_padded=int(seqlens_padded.max()),
-        num_valid_tokens=num_valid_tokens,
+        cu_seqlens_padded=host.to_device(tables.cu_seqlens_padded, device, torch.int32),
+        max_seqlen=int(tables.seqlens.max()),
+        max_seqlen_padded=int(tables.seqlens_padded.max()),
+        num_valid_tokens=int(tables.cu_seqlens[-1]),
         total_length=total_length,
         local_length=total_length // ctx.cp_size,
-        tables=SequenceTables(seqlens_host, seqlens_padded, cu_seqlens, cu_seqlens_padded, sequence_start_host),
+        tables=tables,
         token_rows=token_rows,
     )
 

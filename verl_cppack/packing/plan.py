@@ -188,18 +188,15 @@ class PackPlan:
     @cached_property
     def _stream_read(self) -> tuple[np.ndarray, np.ndarray]:
         """``_read_index`` of the rank-major stream: every rank's ``pack`` at shift 0, which the copy back writes
-        back (made once)."""
-        return self._read_index(self._stream_runs)
+        back (made once; at CP=1 this rank's stream is the stream)."""
+        return self._pack_index(0, False) if self.ctx.cp_size == 1 else self._read_index(self._stream_runs)
 
     def _pack_index(self, shift: int, wrap: bool) -> tuple[np.ndarray, np.ndarray]:
         """This rank's ``(index, zero_positions)`` for ``pack(x, shift, wrap)`` (host tables), made once per key from
-        this rank's runs alone (at CP=1, unshifted, it is ``_stream_read``, which the copy back writes back)."""
+        this rank's runs alone (a builder may have put the unshifted one here: ``packing.compiled``)."""
         key = ("index", shift, wrap and shift > 0)
         if key not in self._copies:
-            if self.ctx.cp_size == 1 and not shift:  # this rank's stream is the stream
-                self._copies[key] = self._stream_read
-            else:
-                self._copies[key] = self._read_index(self.local_runs, shift, key[2])
+            self._copies[key] = self._read_index(self.local_runs, shift, key[2])
         return self._copies[key]
 
     def _pack_copy(self, shift: int, wrap: bool) -> RowCopy:
@@ -292,12 +289,12 @@ class PackPlan:
             raise TypeError(f"this plan was built from a [B, S] batch: pass {name} as a padded [B, S, *] tensor")
         if x.device != self.device:
             raise ValueError(f"{name} is on {x.device} but the plan was built on {self.device}; move one")
-        if x.dim() < 2 or x.shape[0] != self.source_shape[0] or x.shape[1] != self.source_shape[1]:
+        if x.shape[:2] != self.source_shape:
             raise ValueError(
                 f"{name} must have shape [B, S, *] = [{self.source_shape[0]}, {self.source_shape[1]}, *] like the "
                 f"batch the plan was built from, got {tuple(x.shape)}"
             )
-        return x.reshape(self.source_rows, *x.shape[2:])
+        return x.flatten(0, 1)
 
     # ---------------------------------------------------------------- unpack
     def unpack(

@@ -76,7 +76,9 @@ class TensorKeyedCache:
         while self._dead:
             source_key, snapshot = self._dead.pop()
             if self._snapshots.get(source_key) is snapshot:
-                self._forget(source_key)
+                del self._snapshots[source_key]
+            for entry_key in [k for k, kept in self._entries.items() if kept is snapshot]:  # registered or evicted
+                del self._entries[entry_key]
 
     def _hit(self, source: torch.Tensor, key: Hashable) -> tuple[SourceSnapshot, Any] | None:
         self._drop_dead()
@@ -120,8 +122,10 @@ class TensorKeyedCache:
         while len(self._entries) > self._capacity:
             evicted, evicted_snapshot = self._entries.popitem(last=False)
             evicted_snapshot.values.pop(evicted[2], None)
-            if not any(k[:2] == evicted[:2] for k in self._entries):  # its source has no entry left
-                self._snapshots.pop(evicted[:2], None)
+            # its source has no entry left (a snapshot holds one value per entry; a dead source's entries go in
+            # _drop_dead whether or not its snapshot is still registered)
+            if not evicted_snapshot.values and self._snapshots.get(evicted[:2]) is evicted_snapshot:
+                del self._snapshots[evicted[:2]]
         return snapshot
 
     def _snapshot(self, source: torch.Tensor) -> SourceSnapshot:
