@@ -1,6 +1,6 @@
 """A CPU mask's compiled plan build (``packing.compiled``) is the numpy build, value for value: every per-sequence
 table, the padded offsets sent to the device, this rank's pack index and positions to zero, what ``pack`` returns,
-and every error (same type, same message) — for random masks of one run per row or with gaps, every mask dtype
+the copy back's scatter index (every rank's positions, padding on sink rows), and every error (same type, same message) — for random masks of one run per row or with gaps, every mask dtype
 ``require_mask`` takes, strided masks, widths on and off the 8-column words, CP 1-4 on every rank, TP 1-2, both
 layouts, verl's default, FP8 and explicit alignments with minimum lengths."""
 
@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from verl_cppack import ParallelContext
 from verl_cppack.core.alignment import Alignment
-from verl_cppack.packing.builders import _compiled_module, plan_from_checked_mask
+from verl_cppack.packing.builders import plan_from_checked_mask
+from verl_cppack.packing.indices import compiled_kernels
 
 pytest.importorskip("numba")
 
@@ -97,14 +98,19 @@ def test_the_compiled_build_is_the_numpy_build(mask, dtype, strided, bad_entry, 
         assert ours.dtype == expected.dtype and np.array_equal(ours, expected)
     ids = torch.arange(1, tensor.numel() + 1).view(tensor.shape)
     assert torch.equal(compiled.pack(ids), numpy_built.pack(ids))
+    ctx, layout = policy[0], policy[1]
+    if numpy_built.token_rows is None and (ctx.cp_size == 1 or layout == "zigzag"):  # the copy back's scatter index
+        expected = numpy_built._rows_written(numpy_built._stream_read)
+        ours = compiled_kernels().copy_back_index(numpy_built.tables, numpy_built.source_rows, ctx.cp_size)
+        assert ours.dtype == np.int64 and np.array_equal(ours, expected.numpy())
 
 
 def test_numba_is_there_so_cpu_masks_take_the_compiled_build():
-    assert _compiled_module() is not None
+    assert compiled_kernels() is not None
 
 
 def test_rows_with_gaps_and_empty_batches_are_left_to_the_numpy_build():
-    kernel = _compiled_module()
+    kernel = compiled_kernels()
     alignment = Alignment.per_slot(2)
     assert kernel.mask_plan_tables(np.array([[1, 0, 1, 0]], np.bool_), alignment, 1, 0) is None  # gaps
     assert kernel.mask_plan_tables(np.zeros((2, 8), np.bool_), alignment, 1, 0) is None  # nothing to pack
@@ -113,6 +119,6 @@ def test_rows_with_gaps_and_empty_batches_are_left_to_the_numpy_build():
 
 
 def test_mask_values_other_than_0_and_1_are_refused_by_the_compiled_build():
-    kernel = _compiled_module()
+    kernel = compiled_kernels()
     with pytest.raises(ValueError, match="attention_mask values must be 0 or 1; found 2 offending entries"):
         kernel.mask_plan_tables(np.array([[0, 1, 2], [-1, 1, 0]], np.int64), Alignment.per_slot(1), 1, 0)

@@ -1,12 +1,13 @@
 """The performance targets ``verl-cppack bench --strict`` checks, as functions over the bench's rows (one (B, S, CP)
-point each, ``measure.py``; times are medians); docs/performance.md tabulates them. Per micro-batch:
+point each, ``measure.py``; times are medians); docs/performance.md tabulates them and says why. Every speed target
+is met within the noise of the run: a ratio ``r`` meets ``t`` when ``r * (1 + noise) >= t``, the noise being the
+relative interquartile range of verl's own timed calls at that point (``ratios.spread``, the median over runs).
 
-- B=1 (and every VLM mask builder call): ours ≤ verl × (1 + noise), the noise being the relative interquartile range
-  of verl's own timed calls at that point (``ratios.spread``), the median over the runs;
-- from B=16: preprocess ≥ 2× and postprocess ≥ 1.5× verl's speed, the latter re-based where the floor (``floors.py``)
-  leaves less room: the floor's own ratio over 1 + the noise (``postprocess_target``);
-- B=256: preprocess ≥ 50% of the copies-only ratio; at every point ≤ 1 host sync, the same ATen op count for every B,
-  peak extra memory ≤ 1.5× verl's (``counters.OpCounter``); VLM builders ≤ 1 host sync per call.
+- B=1 (and every VLM mask builder call): never slower than verl (``t = 1``);
+- from B=16: preprocess ``t = 2`` and postprocess ``t = 1.5``, or the floor's own ratio where it is lower (``floors.py``);
+- B=256: the preprocess per sequence (its time less B=1's at that S and CP, the floor's likewise) at least 50% of the
+  copies-only floor's speed (the whole time where the run has no B=1 point); at every point ≤ 1 host sync, the same
+  ATen op count for every B, peak extra memory ≤ 1.5× verl's (``counters.OpCounter``); VLM builders ≤ 1 host sync.
 
 Stretch target (``stretch_missed``; printed, never fails ``--strict``; not met today): B=1 preprocess ≥ 2× verl's.
 """
@@ -38,19 +39,32 @@ def noise(row: dict[str, Any], stage: str) -> float:
     return row["verl"].get(f"{stage}_spread", 0.0)
 
 
+def _short_of(speed: float, target: float, spread: float) -> bool:
+    """Whether ``speed`` (verl's time over ours) falls short of ``target`` by more than the run's noise ``spread``."""
+    return speed * (1 + spread) < target
+
+
 def _beyond_noise(speed: float, spread: float) -> str | None:
-    """The miss of "never slower than verl beyond the noise" at ``speed`` (verl's time over ours), else None."""
+    """The miss of "never slower than verl beyond the noise" at ``speed``, else None."""
     why = f"slower than verl by more than its own spread in this run ({spread:.0%}; target: within the noise)"
-    return None if speed * (1 + spread) >= 1 else f"{speed:.2f}× verl's speed, {why}"  # ours / verl time > 1 + noise
+    return f"{speed:.2f}× verl's speed, {why}" if _short_of(speed, 1.0, spread) else None
 
 
 def postprocess_target(row: dict[str, Any]) -> float:
-    """The postprocess speed asked for from B=16: 1.5× verl's, or, where the floor leaves less room, the floor's own
-    ratio divided by 1 + the noise of verl's postprocess at this point in this run."""
-    return min(POSTPROCESS_FROM_B, ratios(row)["postprocess_floor"] / (1 + noise(row, "postprocess")))
+    """The postprocess speed asked for from B=16: 1.5× verl's, or the floor's own ratio where it is lower."""
+    return min(POSTPROCESS_FROM_B, ratios(row)["postprocess_floor"])
 
 
-def _speed_targets(row: dict[str, Any]) -> list[str]:
+def per_sequence_share(row: dict[str, Any], one: dict[str, Any] | None) -> float:
+    """The copies-only floor's preprocess time over ours, each less its time at B=1 of the same S and CP (``one``;
+    the whole times without it): what the copies cost per sequence against what we do per sequence."""
+    ours, floor = row["verl_cppack"]["preprocess_ms"], row["floor"]["preprocess_ms"]
+    if one is not None:
+        ours, floor = ours - one["verl_cppack"]["preprocess_ms"], floor - one["floor"]["preprocess_ms"]
+    return floor / ours if ours > 0 else float("inf")
+
+
+def _speed_targets(row: dict[str, Any], one: dict[str, Any] | None) -> list[str]:
     r, point, batch_size = ratios(row), _point(row), row["batch_size"]
     missed = []
     if batch_size == 1:
@@ -58,21 +72,17 @@ def _speed_targets(row: dict[str, Any]) -> list[str]:
             f"{point}: {stage} {slower}" for stage in STAGES if (slower := _beyond_noise(r[stage], noise(row, stage)))
         ]
     if batch_size >= FROM_B:
-        if r["preprocess"] < PREPROCESS_FROM_B:
-            missed.append(f"{point}: preprocess {r['preprocess']:.2f}× verl's speed (target ≥ {PREPROCESS_FROM_B}×)")
-        target = postprocess_target(row)
-        if r["postprocess"] < target:
-            why = (
-                f"{POSTPROCESS_FROM_B}×"
-                if target == POSTPROCESS_FROM_B
-                else f"{target:.2f}×: the floor's {r['postprocess_floor']:.2f}× over 1 + the noise "
-                f"{noise(row, 'postprocess'):.0%}"
-            )
-            missed.append(f"{point}: postprocess {r['postprocess']:.2f}× verl's speed (target ≥ {why})")
-    if batch_size == LARGE_B and r["preprocess_of_floor"] < SHARE_OF_COPIES_ONLY:
+        for stage, target in (("preprocess", PREPROCESS_FROM_B), ("postprocess", postprocess_target(row))):
+            if _short_of(r[stage], target, noise(row, stage)):
+                floor = "" if target == POSTPROCESS_FROM_B or stage == "preprocess" else ": the floor's ratio"
+                missed.append(
+                    f"{point}: {stage} {r[stage]:.2f}× verl's speed (target ≥ {target:.3g}×{floor} within verl's "
+                    f"spread {noise(row, stage):.0%})"
+                )
+    if batch_size == LARGE_B and (share := per_sequence_share(row, one)) < SHARE_OF_COPIES_ONLY:
         missed.append(
-            f"{point}: preprocess {r['preprocess']:.1f}× verl's speed is {r['preprocess_of_floor']:.0%} of the "
-            f"copies-only {r['preprocess_floor']:.1f}× (target ≥ {SHARE_OF_COPIES_ONLY:.0%})"
+            f"{point}: preprocess per sequence at {share:.0%} of the copies-only floor's speed (whole: "
+            f"{r['preprocess_of_floor']:.0%}; target ≥ {SHARE_OF_COPIES_ONLY:.0%})"
         )
     return missed
 
@@ -119,9 +129,10 @@ def _vlm_targets(row: dict[str, Any]) -> list[str]:
 
 def missed_targets(rows: list[dict[str, Any]]) -> list[str]:
     """One line per target a point missed, naming the point, the figure and the target (empty: every target met)."""
+    at_b1 = {(row["seq_len"], row["cp_size"]): row for row in rows if row["batch_size"] == 1}
     missed = []
     for row in rows:
-        missed += _speed_targets(row) + _cost_targets(row)
+        missed += _speed_targets(row, at_b1.get((row["seq_len"], row["cp_size"]))) + _cost_targets(row)
     missed += _flat_in_batch_size(rows)
     for row in rows:
         missed += _vlm_targets(row)

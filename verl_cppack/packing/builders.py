@@ -11,9 +11,7 @@ back in one copy. No Python loop over sequences. A mask is scanned where it live
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -31,6 +29,7 @@ from verl_cppack.core.checks import (
 )
 from verl_cppack.core.layouts import Layout, LayoutName, get_layout
 from verl_cppack.core.runs import counting, run_offsets
+from verl_cppack.packing.indices import compiled_kernels
 from verl_cppack.packing.mask_rows import MaskRows
 from verl_cppack.packing.plan import PackPlan, SequenceTables
 
@@ -66,16 +65,6 @@ def plan_from_checked_mask(
     where it applies (``packing.compiled``); ``False``: numpy's calls alone (the two agree, value for value)."""
     ctx, layout_, alignment_ = resolve_policy(ctx, layout, alignment, fp8)
     return _plan_from_mask_rows(ctx, layout_, alignment_, MaskRows(attention_mask), compiled)
-
-
-@functools.cache
-def _compiled_module() -> Any:
-    """``packing.compiled``, or None where numba is not installed or cannot set up (no directory to cache in...)."""
-    try:
-        from verl_cppack.packing import compiled
-    except (ImportError, RuntimeError):
-        return None
-    return compiled
 
 
 def plan_from_lengths(
@@ -153,7 +142,7 @@ def _plan_from_mask_rows(
 ) -> PackPlan:
     """A padded batch: each row's tokens, from its first token (one run) or by rank in row-major order (gaps)."""
     cut_here = mask_rows.device.type == "cpu" and (ctx.cp_size == 1 or layout.name == "zigzag")
-    kernel = _compiled_module() if compiled and cut_here else None
+    kernel = compiled_kernels() if compiled and cut_here else None
     found = kernel and kernel.mask_plan_tables(host.host_memory(mask_rows.given), alignment, ctx.cp_size, ctx.cp_rank)
     if found:
         *tables, index, zero_positions = found

@@ -17,6 +17,7 @@ import numpy as np
 from verl_cppack.core.alignment import Alignment
 from verl_cppack.packing.indices import _INT32_LIMIT
 from verl_cppack.packing.mask_rows import check_values
+from verl_cppack.packing.plan import SequenceTables
 
 
 @numba.njit(cache=True, nogil=True)
@@ -115,6 +116,32 @@ def _plan_kernel(values, words, trusted, slot_multiple, stream_multiple, min_slo
                 zeroed += 1
             position += chunk
     return (True, 0, seqlens, padded, cu_seqlens, cu_padded, start, index, zero_positions)
+
+
+@numba.njit(cache=True, nogil=True)
+def _copy_back_kernel(seqlens, padded, start, source_rows, cp_size):
+    """``copy_back_index``' work: every rank's zigzag runs in rank order, tokens to their rows, padding to sinks."""
+    index = np.empty(padded.sum(), np.int64)
+    parts, position, sink = 2 if cp_size > 1 else 1, 0, source_rows
+    for rank in range(cp_size):
+        for row in range(seqlens.size):
+            chunk = padded[row] // (2 * cp_size) if parts == 2 else padded[row]
+            for part in range(parts):
+                offset = ((rank if part == 0 else 2 * cp_size - 1 - rank) * chunk) if parts == 2 else 0
+                used = min(max(seqlens[row] - offset, 0), chunk)
+                _count_up(index[position : position + used], start[row] + offset, source_rows)
+                for p in range(position + used, position + chunk):
+                    index[p] = sink
+                    sink += 1
+                position += chunk
+    return index
+
+
+def copy_back_index(tables: SequenceTables, source_rows: int, cp_size: int) -> np.ndarray:
+    """``[T]`` int64: the row each position of the rank-major zigzag stream (every rank's local stream, rank 0 first)
+    is written on: its token's source row, or, for padding, a sink row of its own from ``source_rows`` on, in
+    position order (``indices.with_sinks`` of ``indices.pack_index`` of every rank's runs, in one call)."""
+    return _copy_back_kernel(tables.seqlens, tables.seqlens_padded, tables.sequence_start, source_rows, cp_size)
 
 
 def mask_plan_tables(

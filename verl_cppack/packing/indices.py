@@ -10,6 +10,9 @@ reads (it holds only tokens: one op and a smaller index than writing every posit
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import numpy as np
 
 from verl_cppack.core.layouts import Runs
@@ -83,3 +86,14 @@ def token_index(
         order = np.argsort(first, kind="stable")
         first, start, tokens = first[order], start[order], tokens[order]
     return count_up(start, tokens, dtype=index_dtype(runs.total))
+
+
+@functools.cache
+def compiled_kernels() -> Any:
+    """``packing.compiled`` (the common case's indices in one compiled call each), or None where numba is not
+    installed or cannot set up here (no directory to cache in...): the numpy functions above then build them."""
+    try:
+        from verl_cppack.packing import compiled
+    except (ImportError, RuntimeError):
+        return None
+    return compiled

@@ -36,7 +36,7 @@ from verl_cppack.core.jagged import is_jagged, jagged_from_values, jagged_values
 from verl_cppack.core.layouts import Layout, Runs
 from verl_cppack.core.runs import count_up
 from verl_cppack.packing.copies import RowCopy, RowScatter, as_dtype, communicable, copyable
-from verl_cppack.packing.indices import pack_index, token_index, with_sinks
+from verl_cppack.packing.indices import compiled_kernels, pack_index, token_index, with_sinks
 
 
 @dataclass(frozen=True)
@@ -228,12 +228,14 @@ class PackPlan:
     def _row_writes(self) -> RowScatter:
         """Each position of the rank-major stream written on its source row, into zeros: one scatter of a ``[T]``
         index (a padded output has many more rows than the stream has positions): the row ``pack`` read there."""
-        read = self._stream_read
         gaps = self.source_rows > self.num_valid_tokens  # a padded source's rows that hold no token stay zero
-        sinks = read[1].size
-        return RowScatter(
-            self._rows_written(read), self.source_rows, sinks, zeroed=gaps, trim=bool(sinks) or self._may_pad
-        )
+        sinks = self.total_length - self.num_valid_tokens
+        kernels = compiled_kernels()
+        if kernels is not None and self.token_rows is None and (self.ctx.cp_size == 1 or self.layout.name == "zigzag"):
+            written = to_device(kernels.copy_back_index(self.tables, self.source_rows, self.ctx.cp_size), self.device)
+        else:
+            written = self._rows_written(self._stream_read)
+        return RowScatter(written, self.source_rows, sinks, zeroed=gaps, trim=bool(sinks) or self._may_pad)
 
     @cached_property
     def _may_pad(self) -> bool:
