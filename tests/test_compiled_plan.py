@@ -101,7 +101,10 @@ def test_the_compiled_build_is_the_numpy_build(mask, dtype, strided, bad_entry, 
     ctx, layout = policy[0], policy[1]
     if numpy_built.token_rows is None and (ctx.cp_size == 1 or layout == "zigzag"):  # the copy back's scatter index
         expected = numpy_built._rows_written(numpy_built._stream_read)
-        ours = compiled_kernels().copy_back_index(numpy_built.tables, numpy_built.source_rows, ctx.cp_size)
+        tables = numpy_built.tables
+        ours = compiled_kernels().copy_back_index(
+            tables.seqlens, tables.seqlens_padded, tables.sequence_start, numpy_built.source_rows, ctx.cp_size
+        )
         assert ours.dtype == np.int64 and np.array_equal(ours, expected.numpy())
 
 

@@ -154,7 +154,7 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
         return ["Every target of `verl-cppack bench --strict` is met at every point of this run.", "", stretch_line]
     groups: dict[str, list[str]] = {}
     for line in missed:
-        target = re.search(r"target[ :][^)]*", line)
+        target = re.search(r"target[ :][^)]*?(?= within|\))", line)  # by target, whatever the spread
         kind = next((word for word in _KINDS if word in line), "")
         groups.setdefault(f"{kind} ({target.group() if target else line})", []).append(line)
     lines = [f"`verl-cppack bench --strict`: {len(missed)} misses in this run, by target:", ""]

@@ -15,9 +15,10 @@ import numba
 import numpy as np
 
 from verl_cppack.core.alignment import Alignment
-from verl_cppack.packing.indices import _INT32_LIMIT
+from verl_cppack.core.checks import MAX_STREAM_POSITIONS
 from verl_cppack.packing.mask_rows import check_values
-from verl_cppack.packing.plan import SequenceTables
+
+_INT32_LIMIT = MAX_STREAM_POSITIONS - 1  # an int32 index holds values below this (as ``indices.index_dtype``)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -68,6 +69,16 @@ def _count_up(out: np.ndarray, first: int, most: int) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
+def _run(slot_length: int, cp_size: int, rank: int, part: int) -> tuple[int, int]:
+    """``(offset, length)`` of a slot's ``part`` on ``rank``: the slot at CP=1, else zigzag chunk ``rank`` (part 0)
+    or ``2*CP-1-rank`` (part 1)."""
+    if cp_size == 1:
+        return 0, slot_length
+    chunk = slot_length // (2 * cp_size)
+    return (rank if part == 0 else 2 * cp_size - 1 - rank) * chunk, chunk
+
+
+@numba.njit(cache=True, nogil=True)
 def _plan_kernel(values, words, trusted, slot_multiple, stream_multiple, min_slot, min_stream, cp_size, cp_rank):
     """``mask_plan_tables``' work: ``(planned, bad entries, seqlens, seqlens_padded, cu_seqlens, cu_seqlens_padded,
     sequence_start, index [T/CP] int32, zero_positions [Z] int64)``; the arrays empty unless planned."""
@@ -91,24 +102,22 @@ def _plan_kernel(values, words, trusted, slot_multiple, stream_multiple, min_slo
     padded[-1] += stream - total
     cu_seqlens, cu_padded = np.zeros(rows + 1, np.int64), np.zeros(rows + 1, np.int64)
     cu_seqlens[1:], cu_padded[1:] = np.cumsum(seqlens), np.cumsum(padded)
-    source_rows, parts = rows * columns, 2 if cp_size > 1 else 1
+    source_rows, parts = rows * columns, 2 if cp_size > 1 else 1  # runs per slot
     if cu_seqlens[rows] == 0 or stream >= _INT32_LIMIT or source_rows >= _INT32_LIMIT:
         return declined  # nothing to pack, or a stream or an index past int32: the numpy path refuses or handles it
     top, zeros = 0, 0  # the largest value read, the positions to zero
     for row in range(rows):
-        chunk = padded[row] // (2 * cp_size) if parts == 2 else padded[row]
         for part in range(parts):
-            offset = ((cp_rank if part == 0 else 2 * cp_size - 1 - cp_rank) * chunk) if parts == 2 else 0
+            offset, chunk = _run(padded[row], cp_size, cp_rank, part)
             top = max(top, start[row] + offset + chunk)
             zeros += chunk - min(max(seqlens[row] - offset, 0), chunk)
     if top >= _INT32_LIMIT:
         return declined
     index, zero_positions = np.empty(stream // cp_size, np.int32), np.empty(zeros, np.int64)
     position, zeroed, clamping = 0, 0, False
-    for row in range(rows):  # the runs in stream order: the slot, or its two zigzag chunks of this rank
-        chunk = padded[row] // (2 * cp_size) if parts == 2 else padded[row]
+    for row in range(rows):  # the runs in stream order
         for part in range(parts):
-            offset = ((cp_rank if part == 0 else 2 * cp_size - 1 - cp_rank) * chunk) if parts == 2 else 0
+            offset, chunk = _run(padded[row], cp_size, cp_rank, part)
             clamping = clamping or start[row] + offset + chunk > source_rows  # from the first run reading past the end
             _count_up(index[position : position + chunk], start[row] + offset, source_rows - 1 if clamping else top)
             for p in range(position + min(max(seqlens[row] - offset, 0), chunk), position + chunk):
@@ -125,9 +134,8 @@ def _copy_back_kernel(seqlens, padded, start, source_rows, cp_size):
     parts, position, sink = 2 if cp_size > 1 else 1, 0, source_rows
     for rank in range(cp_size):
         for row in range(seqlens.size):
-            chunk = padded[row] // (2 * cp_size) if parts == 2 else padded[row]
             for part in range(parts):
-                offset = ((rank if part == 0 else 2 * cp_size - 1 - rank) * chunk) if parts == 2 else 0
+                offset, chunk = _run(padded[row], cp_size, rank, part)
                 used = min(max(seqlens[row] - offset, 0), chunk)
                 _count_up(index[position : position + used], start[row] + offset, source_rows)
                 for p in range(position + used, position + chunk):
@@ -137,11 +145,14 @@ def _copy_back_kernel(seqlens, padded, start, source_rows, cp_size):
     return index
 
 
-def copy_back_index(tables: SequenceTables, source_rows: int, cp_size: int) -> np.ndarray:
+def copy_back_index(
+    seqlens: np.ndarray, seqlens_padded: np.ndarray, sequence_start: np.ndarray, source_rows: int, cp_size: int
+) -> np.ndarray:
     """``[T]`` int64: the row each position of the rank-major zigzag stream (every rank's local stream, rank 0 first)
     is written on: its token's source row, or, for padding, a sink row of its own from ``source_rows`` on, in
-    position order (``indices.with_sinks`` of ``indices.pack_index`` of every rank's runs, in one call)."""
-    return _copy_back_kernel(tables.seqlens, tables.seqlens_padded, tables.sequence_start, source_rows, cp_size)
+    position order (``indices.with_sinks`` of ``indices.pack_index`` of every rank's runs, in one call). The tables
+    are a plan's (``plan.SequenceTables``)."""
+    return _copy_back_kernel(seqlens, seqlens_padded, sequence_start, source_rows, cp_size)
 
 
 def mask_plan_tables(

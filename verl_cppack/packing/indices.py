@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from verl_cppack.core.checks import MAX_STREAM_POSITIONS
 from verl_cppack.core.layouts import Runs
 from verl_cppack.core.runs import count_up, counting, run_starts
 
-_INT32_LIMIT = 2**31 - 1
+_INT32_LIMIT = MAX_STREAM_POSITIONS - 1  # an int32 index holds values below this
 
 
 def index_dtype(largest_value: int) -> type:

@@ -232,7 +232,11 @@ class PackPlan:
         sinks = self.total_length - self.num_valid_tokens
         kernels = compiled_kernels()
         if kernels is not None and self.token_rows is None and (self.ctx.cp_size == 1 or self.layout.name == "zigzag"):
-            written = to_device(kernels.copy_back_index(self.tables, self.source_rows, self.ctx.cp_size), self.device)
+            tables = self.tables
+            written = kernels.copy_back_index(
+                tables.seqlens, tables.seqlens_padded, tables.sequence_start, self.source_rows, self.ctx.cp_size
+            )
+            written = to_device(written, self.device)
         else:
             written = self._rows_written(self._stream_read)
         return RowScatter(written, self.source_rows, sinks, zeroed=gaps, trim=bool(sinks) or self._may_pad)
