@@ -88,12 +88,17 @@ class Alignment:
     def pad(self, seqlens: np.ndarray) -> np.ndarray:
         """``seqlens`` [n] (host, integer, their total below ``2**31``) -> padded slot lengths [n] int64; the
         stream extension goes to the last slot."""
-        seqlens = np.asarray(seqlens, dtype=np.int64)
-        slot_lengths = seqlens + (-seqlens) % self.slot_multiple
-        if self.min_slot_length:
-            np.maximum(slot_lengths, self.min_slot_length, out=slot_lengths)
-        total = int(slot_lengths.sum())
-        stream = self.stream_multiple
-        target = max(-(-total // stream) * stream, -(-self.min_stream_length // stream) * stream)
-        slot_lengths[-1] += target - total  # >= 0, a multiple of slot_multiple: the last slot stays aligned
-        return slot_lengths
+        policy = self.slot_multiple, self.stream_multiple, self.min_slot_length, self.min_stream_length
+        return pad_lengths(np.asarray(seqlens, dtype=np.int64), *policy)
+
+
+def pad_lengths(
+    seqlens: np.ndarray, slot_multiple: int, stream_multiple: int, min_slot_length: int, min_stream_length: int
+) -> np.ndarray:
+    """``Alignment.pad``'s formula, the one there is: plain numpy that ``packing.compiled`` also compiles (numba) into
+    its plan call. ``seqlens`` [n] int64 >= 0 -> a new [n] int64 array."""
+    slot_lengths = np.maximum(seqlens + (-seqlens) % slot_multiple, min_slot_length)
+    total = slot_lengths.sum()
+    stream = max(-(-total // stream_multiple), -(-min_stream_length // stream_multiple)) * stream_multiple
+    slot_lengths[-1] += stream - total  # >= 0, a multiple of slot_multiple: the last slot stays aligned
+    return slot_lengths

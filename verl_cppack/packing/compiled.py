@@ -14,11 +14,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from verl_cppack.core.alignment import Alignment
+from verl_cppack.core.alignment import Alignment, pad_lengths
 from verl_cppack.core.checks import MAX_STREAM_POSITIONS
 from verl_cppack.packing.mask_rows import check_values
 
 _INT32_LIMIT = MAX_STREAM_POSITIONS - 1  # an int32 index holds values below this (as ``indices.index_dtype``)
+_pad_lengths = numba.njit(cache=True, nogil=True)(pad_lengths)  # the one padding formula, compiled
 
 
 @numba.njit(cache=True, nogil=True)
@@ -96,10 +97,8 @@ def _plan_kernel(values, words, trusted, slot_multiple, stream_multiple, min_slo
             return declined
     if bad:
         return (False, bad, none64, none64, none64, none64, none64, none32, none64)
-    padded = np.maximum(seqlens + (-seqlens) % slot_multiple, min_slot)  # Alignment.pad
-    total = padded.sum()
-    stream = max(-(-total // stream_multiple), -(-min_stream // stream_multiple)) * stream_multiple
-    padded[-1] += stream - total
+    padded = _pad_lengths(seqlens, slot_multiple, stream_multiple, min_slot, min_stream)  # Alignment.pad's formula
+    stream = padded.sum()
     cu_seqlens, cu_padded = np.zeros(rows + 1, np.int64), np.zeros(rows + 1, np.int64)
     cu_seqlens[1:], cu_padded[1:] = np.cumsum(seqlens), np.cumsum(padded)
     source_rows, parts = rows * columns, 2 if cp_size > 1 else 1  # runs per slot
